@@ -1,0 +1,211 @@
+"""Every user-tunable knob, declared with Param.
+
+Param checks types and bounds on assignment and raises ``ValueError`` naming the
+parameter, so a widget built with ``pn.Param(cfg)`` and a keyword in Python obey
+the same rules. Rules that span several fields live in each config's
+``validate()``, which raises ``ValueError`` naming the fields involved.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import param
+
+from .ste import STE_NAMES, SteKind
+
+
+class _Config(param.Parameterized):
+    """Base class: ``validate()``, ``to_dict()`` and ``from_dict()`` for every config."""
+
+    def validate(self) -> None:
+        """Check rules that involve several fields; raise ``ValueError`` if broken."""
+        for value in self.param.values().values():
+            if isinstance(value, _Config):
+                value.validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain (JSON-ready) nested dict of the values, without the ``name`` field."""
+        out = {}
+        for key, value in self.param.values().items():
+            if key == "name":
+                continue
+            out[key] = value.to_dict() if isinstance(value, _Config) else _plain(value)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]):
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError``."""
+        kwargs = {}
+        for key, value in values.items():
+            if key not in cls.param or key == "name":
+                raise ValueError(f"{cls.__name__}: unknown field {key!r}")
+            p = cls.param[key]
+            if isinstance(p, param.ClassSelector) and isinstance(value, dict):
+                value = p.class_.from_dict(value)
+            kwargs[key] = value
+        return cls(**kwargs)
+
+    def copy(self):
+        """Deep copy (nested configs are copied too)."""
+        return type(self).from_dict(self.to_dict())
+
+
+def _plain(value):
+    if isinstance(value, SteKind):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _ste_selector(default: str, doc: str) -> param.Selector:
+    return param.Selector(default=default, objects=list(STE_NAMES), doc=doc)
+
+
+class DataConfig(_Config):
+    """Which dataset to train on and how to split it."""
+
+    dataset = param.Selector(default="digits", objects=["digits", "synthetic", "file"], doc=(
+        "digits: 8x8 handwritten digits shipped in assets/ (1797 x 64, 10 classes); "
+        "synthetic: seeded Gaussian-cluster classification task; file: a .npz/.csv at `path`."))
+    test_fraction = param.Number(default=0.2, bounds=(0.05, 0.5), doc="Share of samples held out for testing.")
+    seed = param.Integer(default=0, bounds=(0, 2**31 - 1), doc="Seed of the shuffle/split (and of synthetic data).")
+    n_samples = param.Integer(default=2000, bounds=(20, 1_000_000), doc="Synthetic only: number of samples.")
+    n_features = param.Integer(default=64, bounds=(1, 100_000), doc="Synthetic only: input features.")
+    n_classes = param.Integer(default=10, bounds=(2, 1000), doc="Synthetic only: number of classes.")
+    path = param.String(default="", doc="file only: path to a .npz (X, y[, X_test, y_test]) or .csv (label last).")
+
+    def validate(self) -> None:
+        if self.dataset == "file" and not self.path:
+            raise ValueError("DataConfig.path: required when dataset='file'")
+
+
+class ModelConfig(_Config):
+    """MLP architecture; input and output sizes come from the dataset."""
+
+    hidden = param.List(default=[256], item_type=int, doc="Hidden layer sizes, in order (may be empty).")
+    activation = param.Selector(default="relu", objects=["relu", "leaky_relu", "tanh", "sigmoid", "identity", "sign"],
+                                doc="Hidden-layer activation; `sign` has an identity STE backward.")
+
+    def validate(self) -> None:
+        for i, h in enumerate(self.hidden):
+            if h < 1 or h > 1_000_000:
+                raise ValueError(f"ModelConfig.hidden[{i}]: must be in 1..1000000, got {h}")
+
+
+class QuantConfig(_Config):
+    """What is quantized, to how many bits, and which STE carries the gradient."""
+
+    weights = param.Selector(default="ternary", objects=["float", "fake", "ternary"], doc=(
+        "float: no weight quantization; fake: k-bit FakeQuantize; ternary: BitNet b1.58 absmean."))
+    weight_bits = param.Integer(default=4, bounds=(1, 16), doc="Bits of the fake weight quantizer.")
+    activations = param.Selector(default="off", objects=["off", "fake"], doc="Quantize hidden activations.")
+    activation_bits = param.Integer(default=8, bounds=(1, 16), doc="Bits of the activation quantizer.")
+    symmetric = param.Boolean(default=True, doc="Symmetric (zero-point 0) or affine weight quantizer.")
+    per_channel = param.Boolean(default=False, doc="One scale per output row of W (fake weights only).")
+    scale_mode = param.Selector(default="observer", objects=["observer", "lsq"], doc=(
+        "observer: scale from a min/max observer each step; lsq: scale is learned (LSQ)."))
+    ste = _ste_selector("identity", "Straight-through estimator of the weight quantizer.")
+    activation_ste = _ste_selector("clipped_identity", "Straight-through estimator of the activation quantizer.")
+
+    def validate(self) -> None:
+        if self.weights == "fake" and self.weight_bits == 1 and self.symmetric:
+            pass  # 1-bit symmetric is the two-level range [-1, 0]; allowed (see FakeQuantize)
+        if self.per_channel and self.weights != "fake":
+            raise ValueError("QuantConfig.per_channel: only applies when weights='fake'")
+
+
+class OptimConfig(_Config):
+    """Optimizer, schedule and loop sizes."""
+
+    optimizer = param.Selector(default="adam", objects=["sgd", "momentum", "adam"], doc="Update rule.")
+    lr = param.Number(default=1e-2, bounds=(0.0, 1e3), inclusive_bounds=(False, True), softbounds=(1e-4, 1.0),
+                      doc="Learning rate (> 0).")
+    schedule = param.Selector(default="constant", objects=["constant", "step", "cosine"],
+                              doc="constant; step: x0.1 at 50% and 75% of training; cosine: to 0 at the end.")
+    epochs = param.Integer(default=40, bounds=(1, 100_000), doc="Passes over the training set.")
+    batch_size = param.Integer(default=64, bounds=(1, 65_536), doc="Samples per step.")
+    seed = param.Integer(default=0, bounds=(0, 2**31 - 1), doc="Seed of init and batch order.")
+    momentum = param.Number(default=0.9, bounds=(0.0, 1.0), inclusive_bounds=(True, False), doc="Momentum (momentum optimizer).")
+    weight_decay = param.Number(default=0.0, bounds=(0.0, 1.0), doc="Decoupled weight decay (AdamW style).")
+    max_grad_norm = param.Number(default=0.0, bounds=(0.0, None), doc="Global-norm gradient clipping; 0 = off.")
+    loss = param.Selector(default="cross_entropy", objects=["cross_entropy", "mse"], doc="Training loss.")
+
+
+class PredictionConfig(_Config):
+    """How PhaseTrainer predicts gradients between full backward passes."""
+
+    history_size = param.Integer(default=5, bounds=(2, 64), doc="Real gradients kept for the least-squares fit.")
+    momentum = param.Number(default=0.9, bounds=(0.0, 2.0), doc="m in g_hat = g1 + m (g1 - g2) (momentum predictor).")
+    correction_weight = param.Number(default=0.5, bounds=(0.0, 1.0), doc="Share of the measured error folded into the correction.")
+    history_decay = param.Number(default=0.95, bounds=(0.0, 1.0), inclusive_bounds=(False, True),
+                                 doc="Weight history_decay^age of older gradients in the fit.")
+    residual_threshold = param.Number(default=0.5, bounds=(0.0, None), doc=(
+        "Relative prediction error above which the learned residual is reset."))
+
+
+class TernaryConfig(_Config):
+    """TernaryGradientAccumulator settings."""
+
+    accumulation_steps = param.Integer(default=8, bounds=(1, 4096), doc="Gradients accumulated before an update is ready.")
+    ternary_threshold = param.Number(default=0.5, bounds=(0.0, None), doc="Deterministic: |g| > t * mean|g| becomes +-1.")
+    stochastic_rounding = param.Boolean(default=True, doc="Unbiased stochastic ternarization instead of the threshold.")
+    seed = param.Integer(default=0, bounds=(0, 2**31 - 1), doc="Seed of the stochastic rounding.")
+
+
+class VSAConfig(_Config):
+    """VSAGradientCompressor settings."""
+
+    dimension = param.Integer(default=8192, bounds=(64, 1 << 24), doc="Hypervector dimension D.")
+    compression_ratio = param.Number(default=0.1, bounds=(0.0, 1.0), inclusive_bounds=(False, True),
+                                     doc="Share of non-zeros in the sparse random projection.")
+    seed = param.Integer(default=42, bounds=(0, 2**31 - 1), doc="Seed of the projection hash and keys.")
+
+
+class PhaseConfig(_Config):
+    """Phase-based training: full backward passes alternate with predicted gradients."""
+
+    enabled = param.Boolean(default=False, doc="Train in phases (generic trainer only).")
+    warmup_steps = param.Integer(default=0, bounds=(0, None), doc="Full-backward steps before the first cycle.")
+    full_steps = param.Integer(default=10, bounds=(0, None), doc="FULL steps per cycle.")
+    predict_steps = param.Integer(default=40, bounds=(0, None), doc="Steps of the predict block (PREDICT + CORRECT).")
+    correct_every = param.Integer(default=10, bounds=(1, None), doc="Position j of the predict block is CORRECT when j % correct_every == 0.")
+    gradient_accumulation = param.Integer(default=1, bounds=(1, 1024), doc="Micro-batches averaged per optimizer step.")
+    max_grad_norm = param.Number(default=1.0, bounds=(0.0, None), doc="Clip every gradient handed to the optimizer; 0 = off.")
+    adaptive_phases = param.Boolean(default=True, doc="Adapt FULL / predict lengths to the loss trend.")
+    loss_threshold = param.Number(default=0.1, bounds=(0.0, None), doc="Relative loss rise that lengthens FULL.")
+    predictor = param.Selector(default="momentum", objects=["momentum", "least_squares"], doc="Gradient predictor.")
+    prediction = param.ClassSelector(class_=PredictionConfig, default=PredictionConfig(), instantiate=True)
+    ternary = param.ClassSelector(class_=TernaryConfig, default=TernaryConfig(), instantiate=True)
+    vsa = param.ClassSelector(class_=VSAConfig, default=VSAConfig(), instantiate=True)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.warmup_steps == 0 and self.full_steps == 0 and self.predict_steps == 0:
+            raise ValueError("PhaseConfig: warmup_steps, full_steps and predict_steps are all 0")
+        if self.full_steps == 0 and self.predict_steps > 0:
+            raise ValueError("PhaseConfig.full_steps: must be >= 1 when predict_steps > 0 (predictions need real gradients)")
+
+
+class ExperimentConfig(_Config):
+    """One experiment: data, model, quantization, optimizer, phase training, logging."""
+
+    data = param.ClassSelector(class_=DataConfig, default=DataConfig(), instantiate=True)
+    model = param.ClassSelector(class_=ModelConfig, default=ModelConfig(), instantiate=True)
+    quant = param.ClassSelector(class_=QuantConfig, default=QuantConfig(), instantiate=True)
+    optim = param.ClassSelector(class_=OptimConfig, default=OptimConfig(), instantiate=True)
+    phase = param.ClassSelector(class_=PhaseConfig, default=PhaseConfig(), instantiate=True)
+    metrics_every = param.Integer(default=10, bounds=(1, 1_000_000), doc="Steps between metrics rows.")
+
+
+class QatConfig(_Config):
+    """SteTrainer (2-layer ternary reference trainer) settings."""
+
+    lr = param.Number(default=0.01, bounds=(0.0, 1e3), inclusive_bounds=(False, True), doc="SGD learning rate.")
+    epochs = param.Integer(default=100, bounds=(1, 1_000_000), doc="Passes over the samples.")
+    clip_threshold = param.Number(default=1.0, bounds=(0.0, None), inclusive_bounds=(False, True),
+                                  doc="Gradient is zeroed where |latent| > clip_threshold.")
+    log_every = param.Integer(default=10, bounds=(0, None), doc="Log the loss every n epochs through `logging` (0 = never).")
+    batch_size = param.Integer(default=1, bounds=(1, 65_536), doc="Samples per SGD step.")
+    ste = _ste_selector("identity", "Estimator of the ternary projection.")
+    seed = param.Integer(default=0, bounds=(0, 2**31 - 1), doc="Seed of the sample order.")

@@ -1,0 +1,134 @@
+"""MetricsLog: the thread-safe columnar log a run writes and views read.
+
+A trainer thread calls :meth:`MetricsLog.append` with one row (a dict of
+scalars); any number of readers call :meth:`MetricsLog.since` with their own
+cursor and get only the rows they have not seen. Columns are float64 numpy
+arrays grown by doubling; a column that first appears late is NaN-filled
+before that row, and a row that lacks a column gets NaN there.
+
+Memory is bounded: once ``capacity`` rows are stored the log keeps every other
+row (oldest detail first) and from then on stores every ``stride``-th row, so
+a run of any length holds at most ``capacity`` rows. Every row keeps its global
+``row_id``; cursors are row ids, so readers are never confused by thinning.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import threading
+
+import numpy as np
+
+DEFAULT_CAPACITY = 100_000
+
+
+class MetricsLog:
+    """Columnar float64 log of metric rows, safe to append from one thread and read from many.
+
+    Args:
+        capacity: most rows kept in memory (>= 16); older rows are thinned 2:1 past it.
+    """
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY):
+        if not isinstance(capacity, int) or capacity < 16:
+            raise ValueError(f"capacity: must be an int >= 16, got {capacity!r}")
+        self.capacity = capacity
+        self.meta: dict = {}
+        self._lock = threading.Lock()
+        self._cols: dict[str, np.ndarray] = {"row_id": np.empty(64)}
+        self._n = 0          # rows stored
+        self._next_id = 0    # rows ever appended
+        self._stride = 1     # store every stride-th row once thinned
+
+    def append(self, row: dict) -> None:
+        """Append one row: ``{column_name: number}``; non-finite values are kept as given."""
+        with self._lock:
+            row_id = self._next_id
+            self._next_id += 1
+            if row_id % self._stride:
+                return
+            if self._n == self.capacity:
+                self._thin()
+                if row_id % self._stride:
+                    return
+            if self._n == len(self._cols["row_id"]):
+                self._grow()
+            n = self._n
+            size = len(self._cols["row_id"])
+            for key, value in row.items():
+                col = self._cols.get(key)
+                if col is None:
+                    col = self._cols[key] = np.full(size, np.nan)
+                col[n] = value
+            for key, col in self._cols.items():
+                if key not in row:
+                    col[n] = np.nan
+            self._cols["row_id"][n] = row_id
+            self._n = n + 1
+
+    def _grow(self) -> None:
+        new_size = min(2 * len(self._cols["row_id"]), self.capacity)
+        for key, col in self._cols.items():
+            grown = np.full(new_size, np.nan)
+            grown[: self._n] = col[: self._n]
+            self._cols[key] = grown
+
+    def _thin(self) -> None:
+        keep = self._cols["row_id"][: self._n] % (2 * self._stride) == 0
+        m = int(keep.sum())
+        for col in self._cols.values():
+            col[:m] = col[: self._n][keep]
+            col[m:] = np.nan
+        self._n = m
+        self._stride *= 2
+
+    def since(self, cursor: int = 0) -> tuple[dict[str, np.ndarray], int]:
+        """Rows with ``row_id >= cursor`` as ``{column: array (k,)}`` copies, and the next cursor."""
+        with self._lock:
+            ids = self._cols["row_id"][: self._n]
+            start = int(np.searchsorted(ids, cursor))
+            batch = {key: col[start: self._n].copy() for key, col in self._cols.items()}
+            return batch, self._next_id
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """All stored rows, ``{column: array (n,)}`` (copies)."""
+        return self.since(0)[0]
+
+    def last(self, key: str, default: float = math.nan) -> float:
+        """Most recent finite value of column ``key`` (``default`` if none)."""
+        with self._lock:
+            col = self._cols.get(key)
+            if col is None:
+                return default
+            finite = np.flatnonzero(np.isfinite(col[: self._n]))
+            return float(col[finite[-1]]) if len(finite) else default
+
+    @property
+    def keys(self) -> list[str]:
+        """Column names, in order of first appearance."""
+        with self._lock:
+            return list(self._cols)
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def total_rows(self) -> int:
+        """Rows ever appended (stored or thinned away)."""
+        return self._next_id
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the column buffers."""
+        return sum(col.nbytes for col in self._cols.values())
+
+    def to_csv(self) -> str:
+        """All stored rows as CSV text (header = column names)."""
+        cols = self.columns()
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(list(cols))
+        for values in zip(*cols.values()):
+            writer.writerow(["" if math.isnan(v) else repr(float(v)) for v in values])
+        return out.getvalue()
