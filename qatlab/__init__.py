@@ -1,0 +1,7 @@
+"""qatlab: a laboratory for quantization-aware training."""
+from .ste import SteKind
+from .config import (DataConfig, ExperimentConfig, ModelConfig, OptimConfig, PhaseConfig, PredictionConfig,
+                     QatConfig, QuantConfig, TernaryConfig, VSAConfig)
+from .metrics import MetricsLog
+from .quant import (FakeQuantize, MinMaxObserver, MovingAverageMinMaxObserver, TernaryQuantizer,
+                    ternary_dequantize, ternary_quantize)

@@ -1,0 +1,1 @@
+"""Numba kernels: pure functions over float32 arrays with explicit out= buffers."""

@@ -1,0 +1,267 @@
+r"""Fake-quantization kernels (per-tensor and per-channel), float32 in and out.
+
+Notation: ``s`` scale (> 0), ``inv_s = float32(1 / s)``, ``zp`` zero-point,
+``[qmin, qmax]`` the integer range, ``g`` the upstream gradient.
+
+Forward (ties-to-even, multiply-by-inverse, as ``torch.fake_quantize_per_tensor_affine``)::
+
+    v = rint(x * inv_s) + zp          # float32
+    q = clamp(v, qmin, qmax)
+    y = (q - zp) * s
+
+NaN inputs give NaN outputs (the clamp is written so NaN passes through);
++-inf saturate to the ends of the range.
+
+Backward, with ``u = (x - c) * inv_h`` the input in units of the range
+(``c`` centre and ``h`` half-width of the float range, chosen by the caller)::
+
+    STE 0 IDENTITY          dx = g
+    STE 1 CLIPPED_IDENTITY  dx = g if qmin <= v <= qmax else 0
+    STE 2 TANH              dx = g * (1 - tanh(u)^2)   (tanh: float32 rational approx., |err| < 5e-7)
+    STE 3 HARD_TANH         dx = g * max(0, 1 - |u|)
+
+Per-channel kernels take ``x`` reshaped to ``(outer, C, inner)`` (a view of a
+C-contiguous array quantized along one axis) and per-channel parameter arrays
+of length ``C``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# fastmath flags that allow vectorisation but keep NaN/inf semantics intact; error_model="numpy"
+# drops the Python ZeroDivisionError check, which otherwise blocks vectorisation of `/`.
+_FAST = {"nsz", "arcp", "contract", "afn"}
+
+
+# Rational minimax approximation of tanh in float32 (the form used by Eigen's fast
+# tanh): |error| < 5e-7 over the whole line, and it vectorises where libm's tanh does not.
+_TANH_CLAMP = np.float32(7.90531110763549805)
+_A = (np.float32(4.89352455891786e-03), np.float32(6.37261928875436e-04), np.float32(1.48572235717979e-05),
+      np.float32(5.12229709037114e-08), np.float32(-8.60467152213735e-11), np.float32(2.00018790482477e-13),
+      np.float32(-2.76076847742355e-16))
+_B = (np.float32(4.89352518554385e-03), np.float32(2.26843463243900e-03), np.float32(1.18534705686654e-04),
+      np.float32(1.19825839466702e-06))
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy", inline="always")
+def tanh32(u):
+    """tanh(u) for a float32 scalar, |error| < 5e-7; NaN in, NaN out."""
+    if u > _TANH_CLAMP:
+        u = _TANH_CLAMP
+    elif u < -_TANH_CLAMP:
+        u = -_TANH_CLAMP
+    u2 = u * u
+    p = ((((((_A[6] * u2 + _A[5]) * u2 + _A[4]) * u2 + _A[3]) * u2 + _A[2]) * u2 + _A[1]) * u2 + _A[0]) * u
+    q = ((_B[3] * u2 + _B[2]) * u2 + _B[1]) * u2 + _B[0]
+    return p / q
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def fq_forward(x, inv_s, s, zp, qmin, qmax, out):
+    """out[i] = fake-quantized x[i]; x, out: float32 (n,) (may alias); scalars float32."""
+    for i in range(x.shape[0]):
+        v = np.rint(x[i] * inv_s) + zp
+        if v < qmin:
+            v = qmin
+        elif v > qmax:
+            v = qmax
+        out[i] = (v - zp) * s
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def fq_forward_mask(x, inv_s, s, zp, qmin, qmax, out, mask):
+    """Forward as :func:`fq_forward`, plus mask[i] = 1 where the clamp did not act (uint8 (n,))."""
+    for i in range(x.shape[0]):
+        v = np.rint(x[i] * inv_s) + zp
+        inside = (v >= qmin) & (v <= qmax)
+        mask[i] = inside
+        if v < qmin:
+            v = qmin
+        elif v > qmax:
+            v = qmax
+        out[i] = (v - zp) * s
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def fq_backward(x, g, ste, inv_s, zp, qmin, qmax, c, inv_h, out):
+    """out[i] = STE gradient (see module doc); x, g, out float32 (n,); ste int code 0..3."""
+    n = x.shape[0]
+    if ste == 0:
+        for i in range(n):
+            out[i] = g[i]
+    elif ste == 1:
+        for i in range(n):
+            v = np.rint(x[i] * inv_s) + zp
+            out[i] = g[i] if (v >= qmin) & (v <= qmax) else np.float32(0.0)
+    elif ste == 2:
+        for i in range(n):
+            t = tanh32((x[i] - c) * inv_h)
+            out[i] = g[i] * (np.float32(1.0) - t * t)
+    else:
+        for i in range(n):
+            a = np.float32(1.0) - np.abs((x[i] - c) * inv_h)
+            out[i] = g[i] * a if a > 0 else np.float32(0.0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def fq_noise_saturation(x, inv_s, s, zp, qmin, qmax):
+    """Return (sum (x - fq(x))^2 as float64, count of clamped elements) over x float32 (n,)."""
+    sq = 0.0
+    sat = 0
+    for i in range(x.shape[0]):
+        v = np.rint(x[i] * inv_s) + zp
+        if v < qmin:
+            v = qmin
+            sat += 1
+        elif v > qmax:
+            v = qmax
+            sat += 1
+        d = np.float64(x[i]) - np.float64((v - zp) * s)
+        sq += d * d
+    return sq, sat
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def fq_lsq_scale_grad(x, g, inv_s, zp, qmin, qmax):
+    """LSQ: sum_i g[i] * dy[i]/ds as float64, with dy/ds = rint(x/s) - x/s inside the range,
+    qmin - zp below it and qmax - zp above it (before the gradient-scale factor)."""
+    acc = 0.0
+    for i in range(x.shape[0]):
+        xs = x[i] * inv_s
+        v = np.rint(xs) + zp
+        if v < qmin:
+            d = qmin - zp
+        elif v > qmax:
+            d = qmax - zp
+        else:
+            d = np.rint(xs) - xs
+        acc += np.float64(g[i]) * np.float64(d)
+    return acc
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def fq_forward_pc(x, inv_s, s, zp, qmin, qmax, out):
+    """Per-channel forward; x, out float32 (outer, C, inner); inv_s, s, zp float32 (C,)."""
+    for o in range(x.shape[0]):
+        for ch in range(x.shape[1]):
+            a, b, z = inv_s[ch], s[ch], zp[ch]
+            for i in range(x.shape[2]):
+                v = np.rint(x[o, ch, i] * a) + z
+                if v < qmin:
+                    v = qmin
+                elif v > qmax:
+                    v = qmax
+                out[o, ch, i] = (v - z) * b
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def fq_backward_pc(x, g, ste, inv_s, zp, qmin, qmax, c, inv_h, out):
+    """Per-channel backward; x, g, out float32 (outer, C, inner); inv_s, zp, c, inv_h float32 (C,)."""
+    for o in range(x.shape[0]):
+        for ch in range(x.shape[1]):
+            a, z, cc, ih = inv_s[ch], zp[ch], c[ch], inv_h[ch]
+            for i in range(x.shape[2]):
+                gi = g[o, ch, i]
+                if ste == 0:
+                    out[o, ch, i] = gi
+                elif ste == 1:
+                    v = np.rint(x[o, ch, i] * a) + z
+                    out[o, ch, i] = gi if (v >= qmin) & (v <= qmax) else np.float32(0.0)
+                elif ste == 2:
+                    t = tanh32((x[o, ch, i] - cc) * ih)
+                    out[o, ch, i] = gi * (np.float32(1.0) - t * t)
+                else:
+                    h = np.float32(1.0) - np.abs((x[o, ch, i] - cc) * ih)
+                    out[o, ch, i] = gi * h if h > 0 else np.float32(0.0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def fq_noise_saturation_pc(x, inv_s, s, zp, qmin, qmax):
+    """Per-channel (sum of squared error float64, clamped count); x float32 (outer, C, inner)."""
+    sq = 0.0
+    sat = 0
+    for o in range(x.shape[0]):
+        for ch in range(x.shape[1]):
+            for i in range(x.shape[2]):
+                v = np.rint(x[o, ch, i] * inv_s[ch]) + zp[ch]
+                if v < qmin:
+                    v = qmin
+                    sat += 1
+                elif v > qmax:
+                    v = qmax
+                    sat += 1
+                d = np.float64(x[o, ch, i]) - np.float64((v - zp[ch]) * s[ch])
+                sq += d * d
+    return sq, sat
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def fq_lsq_scale_grad_pc(x, g, inv_s, zp, qmin, qmax, out):
+    """Per-channel LSQ scale gradient sums into out float64 (C,) (see :func:`fq_lsq_scale_grad`)."""
+    out[:] = 0.0
+    for o in range(x.shape[0]):
+        for ch in range(x.shape[1]):
+            for i in range(x.shape[2]):
+                xs = x[o, ch, i] * inv_s[ch]
+                v = np.rint(xs) + zp[ch]
+                if v < qmin:
+                    d = qmin - zp[ch]
+                elif v > qmax:
+                    d = qmax - zp[ch]
+                else:
+                    d = np.rint(xs) - xs
+                out[ch] += np.float64(g[o, ch, i]) * np.float64(d)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def abs_mean(x):
+    """mean(|x|) accumulated in float64 over x float32 (n,); 0.0 for empty x."""
+    acc = 0.0
+    for i in range(x.shape[0]):
+        acc += abs(np.float64(x[i]))
+    return acc / x.shape[0] if x.shape[0] else 0.0
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def minmax(x):
+    """(min, max) of x float32 (n,) as float64, and whether every element is finite."""
+    lo = np.inf
+    hi = -np.inf
+    finite = True
+    for i in range(x.shape[0]):
+        v = np.float64(x[i])
+        if not np.isfinite(v):
+            finite = False
+        if v < lo:
+            lo = v
+        if v > hi:
+            hi = v
+    return lo, hi, finite
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def minmax_pc(x, lo, hi):
+    """Per-channel min/max of x float32 (outer, C, inner) into lo, hi float64 (C,); returns all-finite."""
+    lo[:] = np.inf
+    hi[:] = -np.inf
+    finite = True
+    for o in range(x.shape[0]):
+        for ch in range(x.shape[1]):
+            for i in range(x.shape[2]):
+                v = np.float64(x[o, ch, i])
+                if not np.isfinite(v):
+                    finite = False
+                if v < lo[ch]:
+                    lo[ch] = v
+                if v > hi[ch]:
+                    hi[ch] = v
+    return finite
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def ternary_trits(w, inv_alpha, out):
+    """out[i] = clamp(rint(w[i] * inv_alpha), -1, 1) as int8; w float32 (n,), out int8 (n,)."""
+    for i in range(w.shape[0]):
+        v = np.rint(w[i] * inv_alpha)
+        out[i] = -1 if v < -1 else (1 if v > 1 else np.int8(v))

@@ -1,0 +1,1 @@
+"""Training loops: generic QAT Trainer, SteTrainer, PhaseTrainer."""
