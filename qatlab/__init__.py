@@ -5,3 +5,5 @@ from .config import (DataConfig, ExperimentConfig, ModelConfig, OptimConfig, Pha
 from .metrics import MetricsLog
 from .quant import (FakeQuantize, MinMaxObserver, MovingAverageMinMaxObserver, TernaryQuantizer,
                     ternary_dequantize, ternary_quantize)
+from . import data
+from .runs import Run, RunResult, compare_ste, run_experiment, start_ste_comparison

@@ -54,6 +54,8 @@ def as_float32(x, name: str = "x") -> np.ndarray:
 
 def integer_range(bits: int, symmetric: bool, narrow_range: bool) -> tuple[int, int]:
     """(qmin, qmax) for the given settings; raises ``ValueError`` for a range with one level."""
+    if not 1 <= bits <= 16:
+        raise ValueError(f"bits: must be an integer in 1..16, got {bits!r}")
     if symmetric:
         qmax = 2 ** (bits - 1) - 1
         qmin = -qmax if narrow_range else -(2 ** (bits - 1))
@@ -67,7 +69,8 @@ def integer_range(bits: int, symmetric: bool, narrow_range: bool) -> tuple[int, 
 
 
 def _check_scale(scale) -> np.ndarray:
-    arr = np.asarray(scale, dtype=np.float64)
+    raw = np.asarray(scale)  # strings, None, objects: rejected below with a message naming the field
+    arr = raw.astype(np.float64) if raw.dtype.kind in "fiu" else np.full(raw.shape, np.nan)
     if arr.ndim > 1 or arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
         raise ValueError(f"scale: must be a finite number > 0 (or a 1-D array of them), got {scale!r}")
     return arr
@@ -239,6 +242,8 @@ class FakeQuantize(param.Parameterized):
         self._validate_shape_pair(self.scale, self.zero_point)
         self.observer = observer if observer is not None else MinMaxObserver(axis=self.axis)
         self.scale_grad = None
+        self._cache: dict = {}
+        self.param.watch(lambda *_: self._cache.clear(), [p for p in self.param if p != "name"])
         self._ready = True
 
     def __setattr__(self, name, value):
@@ -289,13 +294,11 @@ class FakeQuantize(param.Parameterized):
             zero_point = np.asarray(zero_point, dtype=np.int64).copy()
         else:
             zero_point = int(zero_point)
-        with param.parameterized.discard_events(self):
-            self._ready = False
-            try:
-                self.scale, self.zero_point = scale if np.ndim(scale) else float(scale), zero_point
-            finally:
-                self._ready = True
-        self.param.trigger("scale", "zero_point")
+        self._ready = False  # validated above as a pair; skip the one-field check in __setattr__
+        try:
+            self.param.update(scale=scale if np.ndim(scale) else float(scale), zero_point=zero_point)
+        finally:
+            self._ready = True
 
     def calibrate(self, x):
         """Observe ``x`` with the observer, then take scale/zero-point from it; returns (scale, zp)."""
@@ -305,7 +308,22 @@ class FakeQuantize(param.Parameterized):
         self.update_params(scale, zp)
         return self.scale, self.zero_point
 
+    def _flags(self):
+        """(enabled, observer_enabled, axis, learn_scale, ste code), cached: Param reads cost ~1 us each."""
+        flags = self._cache.get("flags")
+        if flags is None:
+            flags = self._cache["flags"] = (self.enabled, self.observer_enabled, self.axis, self.learn_scale,
+                                            self.ste.code)
+        return flags
+
     def _kernel_params(self, n_channels: int | None):
+        """Cached :meth:`_compute_kernel_params` (cleared whenever any field changes)."""
+        params = self._cache.get(n_channels)
+        if params is None:
+            params = self._cache[n_channels] = self._compute_kernel_params(n_channels)
+        return params
+
+    def _compute_kernel_params(self, n_channels: int | None):
         """float32 (inv_s, s, zp, c, inv_h) as scalars or (C,) arrays, plus float32 qmin, qmax."""
         qmin, qmax = self.quant_range()
         f32 = np.float32
@@ -335,9 +353,10 @@ class FakeQuantize(param.Parameterized):
 
     def _views(self, x):
         """(flat or (outer, C, inner) view, channel count or None)."""
-        if self.axis is None:
+        axis = self._flags()[2]
+        if axis is None:
             return x.reshape(-1), None
-        view = _channel_view(x, self.axis)
+        view = _channel_view(x, axis)
         return view, view.shape[1]
 
     def forward(self, x, out=None) -> np.ndarray:
@@ -348,10 +367,11 @@ class FakeQuantize(param.Parameterized):
         """
         x = as_float32(x)
         out = _out_buffer(out, x.shape, "out")
-        if not self.enabled:
+        enabled, observe = self._flags()[:2]
+        if not enabled:
             np.copyto(out, x)
             return out
-        if self.observer_enabled:
+        if observe:
             self.calibrate(x)
         xv, channels = self._views(x)
         inv_s, s, zp, _, _, qmin, qmax = self._kernel_params(channels)
@@ -381,8 +401,9 @@ class FakeQuantize(param.Parameterized):
         if g.shape != x.shape:
             raise ValueError(f"grad_output: shape {g.shape} does not match x shape {x.shape}")
         out = _out_buffer(out, x.shape, "out")
-        want_scale = return_scale_grad or self.learn_scale
-        if not self.enabled:
+        enabled, _, _, learn_scale, code = self._flags()
+        want_scale = return_scale_grad or learn_scale
+        if not enabled:
             np.copyto(out, g)
             return (out, 0.0) if return_scale_grad else out
         xv, channels = self._views(x)
@@ -391,12 +412,11 @@ class FakeQuantize(param.Parameterized):
         d_scale = None
         if want_scale:  # before the kernel: out may alias grad_output
             d_scale = self._lsq_scale_grad(xv, gv, inv_s, zp, qmin, qmax, channels)
-        code = self.ste.code
         if channels is None:
             K.fq_backward(xv, gv, code, inv_s, zp, qmin, qmax, c, inv_h, out.reshape(-1))
         else:
             K.fq_backward_pc(xv, gv, code, inv_s, zp, qmin, qmax, c, inv_h, out.reshape(xv.shape))
-        if self.learn_scale:
+        if learn_scale:
             self.scale_grad = d_scale
         return (out, d_scale) if return_scale_grad else out
 
@@ -412,24 +432,27 @@ class FakeQuantize(param.Parameterized):
 
     # ------------------------------------------------------------------ statistics
 
-    def _noise_saturation(self, x) -> tuple[float, int, int]:
+    def _noise_saturation(self, x) -> tuple[float, int, float, int]:
+        """(sum of squared error, clamped count, sum of x^2, n); error 0 when disabled."""
         x = as_float32(x)
-        if x.size == 0 or not self.enabled:
-            return 0.0, 0, x.size
+        if x.size == 0:
+            return 0.0, 0, 0.0, 0
         xv, channels = self._views(x)
         inv_s, s, zp, _, _, qmin, qmax = self._kernel_params(channels)
         kernel = K.fq_noise_saturation if channels is None else K.fq_noise_saturation_pc
-        sq, sat = kernel(xv, inv_s, s, zp, qmin, qmax)
-        return float(sq), int(sat), x.size
+        sq, sat, signal = kernel(xv, inv_s, s, zp, qmin, qmax)
+        if not self._flags()[0]:
+            return 0.0, 0, float(signal), x.size
+        return float(sq), int(sat), float(signal), x.size
 
     def quantization_noise(self, x) -> float:
         """mean((x - forward(x))^2) as float64 (current params, no observing); 0.0 for empty x."""
-        sq, _, n = self._noise_saturation(x)
+        sq, _, _, n = self._noise_saturation(x)
         return sq / n if n else 0.0
 
     def saturation_fraction(self, x) -> float:
         """Share of elements of ``x`` that the clamp moves (outside the range); 0.0 for empty x."""
-        _, sat, n = self._noise_saturation(x)
+        _, sat, _, n = self._noise_saturation(x)
         return sat / n if n else 0.0
 
     def sqnr_db(self, x) -> float:
@@ -437,9 +460,8 @@ class FakeQuantize(param.Parameterized):
 
         ``inf`` when the noise is 0 (and the signal is not), ``nan`` for empty or all-zero x.
         """
-        x = as_float32(x)
-        sq, _, n = self._noise_saturation(x)
-        return _sqnr_db(float(np.dot(x.reshape(-1).astype(np.float64), x.reshape(-1))), sq)
+        sq, _, signal, _ = self._noise_saturation(x)
+        return _sqnr_db(signal, sq)
 
 
 def _sqnr_db(signal: float, noise: float) -> float:
@@ -490,11 +512,11 @@ def _absmean(w: np.ndarray) -> float:
 
 
 class TernaryQuantizer(param.Parameterized):
-    """Ternary weight quantizer (absmean): a FakeQuantize on the range [-1, 1] with ``s = alpha``.
+    """Ternary weight quantizer (absmean): fake quantization on the range [-1, 1] with ``s = alpha``.
 
     ``forward(w)`` recomputes ``alpha = mean|w|`` and returns ``alpha * T``;
     ``backward(g, w)`` applies the chosen STE with ``s = alpha`` and ``qmax = 1``
-    (so ``u = w / alpha``).
+    (so ``u = w / alpha``), using the alpha of the last forward or quantize.
     """
 
     ste = _SteParameter(SteKind.IDENTITY, doc="Straight-through estimator of the ternary projection.")
@@ -502,16 +524,14 @@ class TernaryQuantizer(param.Parameterized):
     def __init__(self, **params):
         super().__init__(**params)
         self.alpha = 1.0
-        self._fq = FakeQuantize(bits=2, symmetric=True, narrow_range=True, ste=self.ste)
 
-    @param.depends("ste", watch=True)
-    def _sync_ste(self):
-        self._fq.ste = self.ste
+    def _args(self):
+        f32 = np.float32
+        return f32(1.0) / f32(self.alpha), f32(self.alpha)
 
     def quantize(self, w):
         """(trits int8 same shape as w, alpha float); also stores alpha."""
         trits, self.alpha = ternary_quantize(w)
-        self._fq.update_params(self.alpha, 0)
         return trits, self.alpha
 
     def forward(self, w, out=None) -> np.ndarray:
@@ -519,32 +539,56 @@ class TernaryQuantizer(param.Parameterized):
         w = as_float32(w, "w")
         if w.size == 0:
             raise ValueError("w: cannot ternarize an empty array")
+        out = _out_buffer(out, w.shape, "out")
         self.alpha = _absmean(w)
-        self._fq.update_params(self.alpha, 0)
-        return self._fq.forward(w, out=out)
+        inv, s = self._args()
+        K.fq_forward(w.reshape(-1), inv, s, _ZERO, _MINUS_ONE, _ONE, out.reshape(-1))
+        return out
 
     __call__ = forward
 
     def backward(self, grad_output, w, out=None) -> np.ndarray:
-        """STE gradient w.r.t. the latent ``w`` (same shape), using the alpha of the last forward."""
-        return self._fq.backward(grad_output, w, out=out)
+        """STE gradient w.r.t. the latent ``w`` (same shape as ``grad_output``), float32."""
+        w = as_float32(w, "w")
+        g = as_float32(grad_output, "grad_output")
+        if g.shape != w.shape:
+            raise ValueError(f"grad_output: shape {g.shape} does not match w shape {w.shape}")
+        out = _out_buffer(out, w.shape, "out")
+        inv, _ = self._args()
+        K.fq_backward(w.reshape(-1), g.reshape(-1), self.ste.code, inv, _ZERO, _MINUS_ONE, _ONE, _ZERO, inv,
+                      out.reshape(-1))
+        return out
 
     def fractions(self, w) -> tuple[float, float, float]:
         """Shares of -1, 0, +1 trits of ``w`` at the current alpha."""
         w = as_float32(w, "w")
         trits = np.empty(w.size, dtype=np.int8)
-        K.ternary_trits(w.reshape(-1), np.float32(1.0) / np.float32(self.alpha), trits)
+        K.ternary_trits(w.reshape(-1), self._args()[0], trits)
         counts = np.bincount(trits.astype(np.int64) + 1, minlength=3) / max(w.size, 1)
         return float(counts[0]), float(counts[1]), float(counts[2])
 
+    def _stats(self, w):
+        w = as_float32(w, "w")
+        if w.size == 0:
+            return 0.0, 0, 0.0, 0
+        inv, s = self._args()
+        noise, sat, signal = K.fq_noise_saturation(w.reshape(-1), inv, s, _ZERO, _MINUS_ONE, _ONE)
+        return noise, sat, signal, w.size
+
     def quantization_noise(self, w) -> float:
-        """mean((w - forward(w))^2) at the current alpha, float64."""
-        return self._fq.quantization_noise(w)
+        """mean((w - forward(w))^2) at the current alpha, float64; 0.0 for empty w."""
+        noise, _, _, n = self._stats(w)
+        return noise / n if n else 0.0
 
     def sqnr_db(self, w) -> float:
-        """SQNR of the ternary projection at the current alpha, in dB."""
-        return self._fq.sqnr_db(w)
+        """SQNR of the ternary projection at the current alpha, in dB (see FakeQuantize.sqnr_db)."""
+        noise, _, signal, _ = self._stats(w)
+        return _sqnr_db(signal, noise)
 
     def saturation_fraction(self, w) -> float:
-        """Share of latents with |w| beyond 1.5 alpha (where rounding is clamped)."""
-        return self._fq.saturation_fraction(w)
+        """Share of latents with |w/alpha| rounding beyond 1 (clamped to +-1)."""
+        _, sat, _, n = self._stats(w)
+        return sat / n if n else 0.0
+
+
+_ZERO, _ONE, _MINUS_ONE = np.float32(0.0), np.float32(1.0), np.float32(-1.0)

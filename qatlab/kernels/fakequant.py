@@ -106,9 +106,10 @@ def fq_backward(x, g, ste, inv_s, zp, qmin, qmax, c, inv_h, out):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def fq_noise_saturation(x, inv_s, s, zp, qmin, qmax):
-    """Return (sum (x - fq(x))^2 as float64, count of clamped elements) over x float32 (n,)."""
+    """(sum (x - fq(x))^2, count of clamped elements, sum x^2) over x float32 (n,); sums float64."""
     sq = 0.0
     sat = 0
+    signal = 0.0
     for i in range(x.shape[0]):
         v = np.rint(x[i] * inv_s) + zp
         if v < qmin:
@@ -119,7 +120,8 @@ def fq_noise_saturation(x, inv_s, s, zp, qmin, qmax):
             sat += 1
         d = np.float64(x[i]) - np.float64((v - zp) * s)
         sq += d * d
-    return sq, sat
+        signal += np.float64(x[i]) * np.float64(x[i])
+    return sq, sat, signal
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -178,9 +180,10 @@ def fq_backward_pc(x, g, ste, inv_s, zp, qmin, qmax, c, inv_h, out):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def fq_noise_saturation_pc(x, inv_s, s, zp, qmin, qmax):
-    """Per-channel (sum of squared error float64, clamped count); x float32 (outer, C, inner)."""
+    """Per-channel (sum of squared error, clamped count, sum x^2); x float32 (outer, C, inner)."""
     sq = 0.0
     sat = 0
+    signal = 0.0
     for o in range(x.shape[0]):
         for ch in range(x.shape[1]):
             for i in range(x.shape[2]):
@@ -193,7 +196,8 @@ def fq_noise_saturation_pc(x, inv_s, s, zp, qmin, qmax):
                     sat += 1
                 d = np.float64(x[o, ch, i]) - np.float64((v - zp[ch]) * s[ch])
                 sq += d * d
-    return sq, sat
+                signal += np.float64(x[o, ch, i]) * np.float64(x[o, ch, i])
+    return sq, sat, signal
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

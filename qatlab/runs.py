@@ -1,0 +1,255 @@
+"""Runs: an experiment training in a background thread, the process-wide registry, compare_ste().
+
+A :class:`Run` snapshots its config, trains in a daemon thread and writes rows
+into its :class:`~qatlab.metrics.MetricsLog`; views read the log and call only
+``start/stop/pause/resume``. Kernels release the GIL, so several runs train at
+once. Status moves ``created -> running (<-> paused) -> finished | stopped |
+diverged | failed``; a diverging loss or an exception never escapes the thread.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .config import ExperimentConfig
+from .metrics import MetricsLog
+from .ste import SteKind
+
+ACTIVE = ("running", "paused")
+DONE = ("finished", "stopped", "diverged", "failed")
+
+
+@dataclass
+class RunResult:
+    """What a finished run leaves: ``history`` {column: array (rows,)}, ``final`` metrics, the model."""
+
+    history: dict
+    final: dict
+    model: object = None
+    status: str = "finished"
+    message: str = ""
+    config: dict = field(default_factory=dict)
+
+
+class RunControl:
+    """Stop/pause flags shared by a Run and its training loop."""
+
+    def __init__(self):
+        self.stop_requested = threading.Event()
+        self._running = threading.Event()
+        self._running.set()
+
+    def checkpoint(self) -> bool:
+        """Called by the loop between steps: blocks while paused; False once a stop was requested."""
+        while not self._running.wait(0.05):
+            if self.stop_requested.is_set():
+                return False
+        return not self.stop_requested.is_set()
+
+
+_ids = itertools.count(1)
+_registry: list["Run"] = []
+_registry_lock = threading.Lock()
+
+
+def all_runs() -> list["Run"]:
+    """Every Run created in this process, oldest first."""
+    with _registry_lock:
+        return list(_registry)
+
+
+def get_run(run_id: str) -> "Run":
+    """The Run with this id; ``KeyError`` if none."""
+    for run in all_runs():
+        if run.id == run_id:
+            return run
+    raise KeyError(f"run_id: no run {run_id!r}")
+
+
+class Run:
+    """One experiment in a background thread.
+
+    Args:
+        config: an ExperimentConfig; it is validated and copied, later edits do not leak in.
+        name: label shown in tables and legends (default: the run id).
+        owner: who started it (a session id); ``keep_alive`` says whether it outlives the owner.
+    """
+
+    def __init__(self, config: ExperimentConfig, name: str | None = None, owner: str | None = None,
+                 keep_alive: bool = False, log_capacity: int | None = None):
+        if not isinstance(config, ExperimentConfig):
+            raise TypeError(f"config: expected an ExperimentConfig, got {type(config).__name__}")
+        config.validate()
+        self.config = config.copy()
+        self.id = f"run-{next(_ids):04d}"
+        self.name = name or self.id
+        self.owner = owner
+        self.keep_alive = keep_alive
+        self.log = MetricsLog() if log_capacity is None else MetricsLog(log_capacity)
+        self.log.meta["config"] = self.config.to_dict()
+        self.status = "created"
+        self.message = ""
+        self.result: RunResult | None = None
+        self.created_at = time.time()
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+        self.total_steps = 0
+        self.steps_done = 0
+        self._control = RunControl()
+        self._thread: threading.Thread | None = None
+        self._snapshot_lock = threading.Lock()
+        self._weights: dict | None = None
+        with _registry_lock:
+            _registry.append(self)
+
+    # ------------------------------------------------------------------ control
+
+    def start(self) -> "Run":
+        """Begin training in a daemon thread; returns self. A run starts once."""
+        if self._thread is not None:
+            raise RuntimeError(f"{self.id}: already started")
+        self.status = "running"
+        self.started_at = time.time()
+        self._thread = threading.Thread(target=self._main, name=self.id, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Ask the loop to stop after the current step (status becomes ``stopped``)."""
+        self._control.stop_requested.set()
+        self._control._running.set()
+
+    def pause(self) -> None:
+        """Hold the loop between steps."""
+        if self.status == "running":
+            self._control._running.clear()
+            self.status = "paused"
+
+    def resume(self) -> None:
+        """Continue a paused run."""
+        if self.status == "paused":
+            self.status = "running"
+            self._control._running.set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the thread; True when it has ended (or never started)."""
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def done(self) -> bool:
+        return self.status in DONE
+
+    @property
+    def progress(self) -> float:
+        """Share of the planned steps done, 0..1."""
+        return self.steps_done / self.total_steps if self.total_steps else 0.0
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since start (until finish)."""
+        if self.started_at is None:
+            return 0.0
+        return (self.finished_at or time.time()) - self.started_at
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps_done / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def eta(self) -> float:
+        """Estimated seconds left (nan before the first step)."""
+        rate = self.steps_per_second
+        return (self.total_steps - self.steps_done) / rate if rate > 0 else float("nan")
+
+    # ------------------------------------------------------------------ trainer side
+
+    def _report(self, steps_done: int, total_steps: int) -> bool:
+        """Called by the loop each step; returns False when the loop must stop."""
+        self.steps_done, self.total_steps = steps_done, total_steps
+        return self._control.checkpoint()
+
+    def _publish_weights(self, weights: dict) -> None:
+        with self._snapshot_lock:
+            self._weights = weights
+
+    def weight_snapshot(self) -> dict | None:
+        """Latest ``{layer: (latent W, quantized W)}`` copies published by the loop (None before)."""
+        with self._snapshot_lock:
+            return self._weights
+
+    def _main(self) -> None:
+        from .train.experiment import train_experiment
+        try:
+            self.result = train_experiment(self.config, self.log, report=self._report,
+                                           publish_weights=self._publish_weights)
+            self.message = self.result.message
+            self.status = self.result.status
+        except Exception:  # a failed run must never take the process down
+            self.message = traceback.format_exc()
+            self.status = "failed"
+        finally:
+            self.finished_at = time.time()
+
+    def summary(self) -> dict:
+        """One table row: id, name, status, progress and final metrics plus flattened config."""
+        row = {"id": self.id, "name": self.name, "status": self.status, "progress": round(self.progress, 3),
+               "steps": self.steps_done, "seconds": round(self.elapsed, 2)}
+        final = self.result.final if self.result else {}
+        for key in ("train_loss", "test_loss", "test_accuracy", "steps_per_second"):
+            row[key] = final.get(key, np.nan)
+        cfg = self.config
+        row.update(dataset=cfg.data.dataset, hidden="-".join(map(str, cfg.model.hidden)),
+                   weights=cfg.quant.weights, bits=cfg.quant.weight_bits, ste=cfg.quant.ste,
+                   optimizer=cfg.optim.optimizer, lr=cfg.optim.lr, epochs=cfg.optim.epochs,
+                   phase=cfg.phase.enabled)
+        return row
+
+    def __repr__(self) -> str:
+        return f"Run({self.id!r}, status={self.status!r}, steps={self.steps_done}/{self.total_steps})"
+
+
+def run_experiment(config: ExperimentConfig) -> RunResult:
+    """Train ``config`` in the calling thread and return its RunResult (history, final, model)."""
+    run = Run(config)
+    run.start()
+    run.join()
+    if run.result is None:
+        return RunResult(history=run.log.columns(), final={}, status=run.status, message=run.message,
+                         config=run.config.to_dict())
+    return run.result
+
+
+def start_ste_comparison(config: ExperimentConfig, kinds=None, owner: str | None = None,
+                         group: str | None = None) -> dict[SteKind, Run]:
+    """Start one Run per SteKind (same seed and data; only ``quant.ste`` differs), concurrently."""
+    kinds = [SteKind(k) for k in (kinds if kinds is not None else list(SteKind))]
+    if not kinds:
+        raise ValueError("kinds: give at least one SteKind")
+    runs = {}
+    for kind in kinds:
+        cfg = config.copy()
+        cfg.quant.ste = kind.value
+        name = f"{group + ' ' if group else ''}{kind.value}"
+        runs[kind] = Run(cfg, name=name, owner=owner)
+    for run in runs.values():
+        run.start()
+    return runs
+
+
+def compare_ste(config: ExperimentConfig, kinds=None) -> dict[SteKind, RunResult]:
+    """Train ``config`` once per SteKind concurrently and return ``{SteKind: RunResult}``."""
+    runs = start_ste_comparison(config, kinds)
+    results = {}
+    for kind, run in runs.items():
+        run.join()
+        results[kind] = run.result or RunResult(history=run.log.columns(), final={}, status=run.status,
+                                                message=run.message)
+    return results

@@ -1,0 +1,217 @@
+"""The generic QAT training loop behind ``run_experiment`` and ``Run``.
+
+One step: gather a batch (seeded shuffle), forward through the quantized model,
+loss writes dL/dy, backward (STE to latent weights), optional clipping, optimizer
+step (and the LSQ scale step). Every ``metrics_every`` steps one row goes to the
+MetricsLog; after every epoch a row with test loss/accuracy. A non-finite loss
+ends the run with status ``diverged``.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from ..config import ExperimentConfig
+from ..data import Dataset, load_dataset
+from ..metrics import MetricsLog
+from ..nn import Mlp, accuracy, cross_entropy_loss, mse_loss
+from ..optim import make_optimizer
+from ..quant import FLOAT32_EPS, FakeQuantize, TernaryQuantizer
+from .build import build_model, set_observing
+
+EVAL_CHUNK = 1024
+SNAPSHOT_SECONDS = 0.5
+
+
+class _Loss:
+    """Loss of the configured kind with preallocated targets; ``__call__(y, rows, d_out) -> float``."""
+
+    def __init__(self, kind: str, data: Dataset, batch_size: int):
+        self.classify = data.task == "classification"
+        self.kind = kind if self.classify else "mse"
+        self.onehot = np.zeros((max(batch_size, EVAL_CHUNK), data.n_outputs), np.float32)
+
+    def __call__(self, y, targets, d_out=None) -> float:
+        if self.kind == "cross_entropy":
+            return cross_entropy_loss(y, targets, d_out)
+        if self.classify:
+            t = self.onehot[: len(targets)]
+            t.fill(0.0)
+            t[np.arange(len(targets)), targets] = 1.0
+            return mse_loss(y, t, d_out)
+        return mse_loss(y, targets, d_out)
+
+
+def evaluate(mlp: Mlp, X: np.ndarray, y: np.ndarray, loss: _Loss, scratch=None) -> tuple[float, float]:
+    """(mean loss, accuracy) of ``mlp`` on X (n, in) / y (n,) or (n, k); accuracy nan for regression."""
+    scratch = scratch or mlp.scratch(min(EVAL_CHUNK, len(X)))
+    total, correct = 0.0, 0.0
+    set_observing(mlp, False)
+    try:
+        for start in range(0, len(X), scratch.batch_size):
+            xb, yb = X[start: start + scratch.batch_size], y[start: start + scratch.batch_size]
+            out = mlp.forward(xb, scratch)
+            total += loss(out, yb) * len(xb)
+            if loss.classify:
+                correct += accuracy(out, yb) * len(xb)
+    finally:
+        set_observing(mlp, True)
+    return total / len(X), (correct / len(X) if loss.classify else math.nan)
+
+
+def _lsq_quantizers(mlp: Mlp) -> list[FakeQuantize]:
+    return [q for q in mlp.weight_quantizers if isinstance(q, FakeQuantize) and q.learn_scale]
+
+
+class _LsqScales:
+    """The LSQ scales of every quantizer as one flat float32 parameter, stepped by its own optimizer."""
+
+    def __init__(self, quantizers, cfg, steps_per_epoch):
+        self.quantizers = quantizers
+        self.sizes = [np.size(q.scale) for q in quantizers]
+        self.params = np.concatenate([np.atleast_1d(q.scale).astype(np.float32) for q in quantizers])
+        self.grads = np.zeros_like(self.params)
+        self.opt = make_optimizer(cfg.optim, self.params, steps_per_epoch)
+
+    def step(self) -> None:
+        i = 0
+        for q, n in zip(self.quantizers, self.sizes):
+            self.grads[i: i + n] = q.scale_grad
+            i += n
+        self.opt.step(self.grads)
+        np.maximum(self.params, FLOAT32_EPS, out=self.params)
+        i = 0
+        for q, n in zip(self.quantizers, self.sizes):
+            s = self.params[i: i + n]
+            q.update_params(s.copy() if np.ndim(q.scale) else float(s[0]), q.zero_point)
+            i += n
+
+
+def layer_row(mlp: Mlp, grads, scratch, i: int) -> dict:
+    """Per-layer metrics of layer i: grad norm, quantization noise/SQNR/scale/saturation, sign fractions."""
+    w = mlp.weights(i)
+    row = {f"grad_norm_{i}": float(np.linalg.norm(grads.d_weights(i)))}
+    q = mlp.weight_quantizers[i]
+    if q is not None:
+        row[f"noise_mse_{i}"] = q.quantization_noise(w)
+        row[f"sqnr_db_{i}"] = q.sqnr_db(w)
+        row[f"saturation_{i}"] = q.saturation_fraction(w)
+        row[f"scale_{i}"] = q.alpha if isinstance(q, TernaryQuantizer) else float(np.mean(q.scale))
+    used = scratch.weights_used(i)
+    n = used.size
+    neg, pos = int(np.count_nonzero(used < 0)), int(np.count_nonzero(used > 0))
+    row.update({f"frac_neg_{i}": neg / n, f"frac_zero_{i}": (n - neg - pos) / n, f"frac_pos_{i}": pos / n})
+    return row
+
+
+def train_experiment(cfg: ExperimentConfig, log: MetricsLog | None = None, report=None,
+                     publish_weights=None):
+    """Train ``cfg`` to completion (or until ``report`` returns False) and return a RunResult.
+
+    report(steps_done, total_steps) -> bool is called every step; publish_weights(dict)
+    receives ``{"layer<i>": (latent W copy, quantized W copy)}`` about twice a second.
+    """
+    from ..runs import RunResult
+
+    cfg.validate()
+    log = log if log is not None else MetricsLog()
+    data = load_dataset(cfg.data)
+    if data.n_train == 0 or data.n_test == 0:
+        raise ValueError("data: the train and test splits must both be non-empty")
+    mlp = build_model(cfg, data.n_features, data.n_outputs)
+    bs = min(cfg.optim.batch_size, data.n_train)
+    steps_per_epoch = math.ceil(data.n_train / bs)
+    total = steps_per_epoch * cfg.optim.epochs
+    opt = make_optimizer(cfg.optim, mlp.flat_params(), steps_per_epoch)
+    lsq = _lsq_quantizers(mlp)
+    lsq = _LsqScales(lsq, cfg, steps_per_epoch) if lsq else None
+    loss_fn = _Loss(cfg.optim.loss, data, bs)
+    scratch, grads = mlp.scratch(bs), mlp.gradients(bs)
+    eval_scratch = mlp.scratch(min(EVAL_CHUNK, max(data.n_train, data.n_test)))
+    xbuf = np.empty((bs, data.n_features), np.float32)
+    ybuf = np.empty((bs, *data.y_train.shape[1:]), data.y_train.dtype)
+    phase = None
+    if cfg.phase.enabled:
+        from .phase_loop import PhaseStepper
+        phase = PhaseStepper(cfg.phase, mlp, grads)
+    rng = np.random.default_rng(cfg.optim.seed)
+    log.meta.update(n_layers=mlp.num_layers, sizes=list(mlp.sizes), total_steps=total)
+
+    status, message = "finished", ""
+    step, t0, last_snap = 0, time.perf_counter(), -math.inf
+    epoch_losses: list[float] = []
+    test_loss = test_acc = math.nan
+    for epoch in range(cfg.optim.epochs):
+        order = rng.permutation(data.n_train)
+        epoch_loss, epoch_rows = 0.0, 0
+        for start in range(0, data.n_train, bs):
+            if report is not None and not report(step, total):
+                status, message = "stopped", f"stopped by request at step {step}"
+                break
+            idx = order[start: start + bs]
+            xb = np.take(data.X_train, idx, axis=0, out=xbuf[: len(idx)])
+            yb = np.take(data.y_train, idx, axis=0, out=ybuf[: len(idx)])
+            y = mlp.forward(xb, scratch)
+            lr = opt.lr
+            if phase is None:
+                loss = loss_fn(y, yb, grads.d_output_mut())
+                if math.isfinite(loss):
+                    mlp.backward(xb, scratch, grads, need_input_grad=False)
+                    opt.step(grads.flat())
+                    if lsq:
+                        lsq.step()
+            else:
+                loss = phase.step(lambda: loss_fn(y, yb, grads.d_output_mut()),
+                                  lambda: mlp.backward(xb, scratch, grads, need_input_grad=False),
+                                  lambda: loss_fn(y, yb),
+                                  lambda g: (opt.step(g), lsq.step() if lsq else None))
+            step += 1
+            if not math.isfinite(loss):
+                status = "diverged"
+                message = (f"loss became {loss} at step {step} (epoch {epoch + 1}); "
+                           "try a lower learning rate or gradient clipping")
+                break
+            epoch_loss += loss * len(idx)
+            epoch_rows += len(idx)
+            elapsed = time.perf_counter() - t0
+            if step % cfg.metrics_every == 0 or step == 1:
+                row = {"step": step, "epoch": epoch + (start + len(idx)) / data.n_train, "time": elapsed,
+                       "loss": loss, "lr": lr, "steps_per_second": step / elapsed if elapsed > 0 else math.nan,
+                       "active_grad_fraction": _active_fraction(mlp, grads)}
+                for i in range(mlp.num_layers):
+                    row.update(layer_row(mlp, grads, scratch, i))
+                if phase is not None:
+                    row.update(phase.metrics())
+                log.append(row)
+            if publish_weights is not None and elapsed - last_snap >= SNAPSHOT_SECONDS:
+                last_snap = elapsed
+                publish_weights({f"layer{i}": (mlp.weights(i).copy(), scratch.weights_used(i).copy())
+                                 for i in range(mlp.num_layers)})
+        if status != "finished":
+            break
+        epoch_losses.append(epoch_loss / max(epoch_rows, 1))
+        test_loss, test_acc = evaluate(mlp, data.X_test, data.y_test, loss_fn, eval_scratch)
+        _, train_acc = evaluate(mlp, data.X_train, data.y_train, loss_fn, eval_scratch)
+        elapsed = time.perf_counter() - t0
+        log.append({"step": step, "epoch": epoch + 1, "time": elapsed, "test_loss": test_loss,
+                    "test_accuracy": test_acc, "train_accuracy": train_acc, "train_loss": epoch_losses[-1]})
+    if report is not None:
+        report(step, total)
+    seconds = time.perf_counter() - t0
+    if phase is not None:
+        log.meta["phase_stats"] = phase.stats_dict()
+    final = {"train_loss": epoch_losses[-1] if epoch_losses else math.nan, "test_loss": test_loss,
+             "test_accuracy": test_acc, "seconds": seconds, "steps_per_second": step / seconds if seconds else 0.0,
+             "steps": step}
+    if phase is not None:
+        final.update(phase.final())
+    return RunResult(history=log.columns(), final=final, model=mlp, status=status, message=message,
+                     config=cfg.to_dict())
+
+
+def _active_fraction(mlp: Mlp, grads) -> float:
+    """Share of latent weights whose gradient this step is non-zero."""
+    nonzero = sum(int(np.count_nonzero(grads.d_weights(i))) for i in range(mlp.num_layers))
+    return nonzero / sum(mlp.weights(i).size for i in range(mlp.num_layers))
