@@ -78,9 +78,10 @@ def _check_scale(scale) -> np.ndarray:
 
 def _check_zero_point(zero_point, qmin: int, qmax: int) -> np.ndarray:
     arr = np.asarray(zero_point)
-    if arr.ndim > 1 or arr.size == 0 or arr.dtype.kind not in "iub":
-        if not (arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr))):
-            raise ValueError(f"zero_point: must be an integer (or a 1-D array of them), got {zero_point!r}")
+    integral = arr.dtype.kind in "iub" or (
+        arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)))
+    if arr.ndim > 1 or arr.size == 0 or not integral:
+        raise ValueError(f"zero_point: must be an integer (or a 1-D array of them), got {zero_point!r}")
     if np.any(arr < qmin) or np.any(arr > qmax):
         raise ValueError(f"zero_point: must lie in the integer range [{qmin}, {qmax}], got {zero_point!r}")
     return arr.astype(np.int64)
@@ -240,6 +241,7 @@ class FakeQuantize(param.Parameterized):
         super().__init__(**params)
         self._validate_range(**{k: getattr(self, k) for k in _RANGE_FIELDS})
         self._validate_shape_pair(self.scale, self.zero_point)
+        self._own_observer = observer is None
         self.observer = observer if observer is not None else MinMaxObserver(axis=self.axis)
         self.scale_grad = None
         self._cache: dict = {}
@@ -301,7 +303,16 @@ class FakeQuantize(param.Parameterized):
             self._ready = True
 
     def calibrate(self, x):
-        """Observe ``x`` with the observer, then take scale/zero-point from it; returns (scale, zp)."""
+        """Observe ``x`` with the observer, then take scale/zero-point from it; returns (scale, zp).
+
+        The observer must track the quantizer's current ``axis``: the default observer is
+        rebuilt (empty) when ``axis`` changed; a mismatched user observer raises ``ValueError``.
+        """
+        if self.observer.axis != self.axis:
+            if not self._own_observer:
+                raise ValueError(f"axis: the observer tracks axis {self.observer.axis} but the quantizer's "
+                                 f"axis is {self.axis}; give it an observer for axis {self.axis}")
+            self.observer = MinMaxObserver(axis=self.axis)
         self.observer.observe(x)
         qmin, qmax = self.quant_range()
         scale, zp = self.observer.calculate_qparams(qmin, qmax, self.symmetric)
@@ -317,7 +328,14 @@ class FakeQuantize(param.Parameterized):
         return flags
 
     def _kernel_params(self, n_channels: int | None):
-        """Cached :meth:`_compute_kernel_params` (cleared whenever any field changes)."""
+        """Cached :meth:`_compute_kernel_params` (cleared whenever any field changes).
+
+        Per-tensor only: per-channel ``scale``/``zero_point`` are arrays that can be written
+        in place (or through the caller's reference) without a Param event, so they are
+        recomputed on every call rather than served stale.
+        """
+        if n_channels is not None:
+            return self._compute_kernel_params(n_channels)
         params = self._cache.get(n_channels)
         if params is None:
             params = self._cache[n_channels] = self._compute_kernel_params(n_channels)

@@ -135,8 +135,17 @@ def train_experiment(cfg: ExperimentConfig, log: MetricsLog | None = None, repor
     phase = None
     if cfg.phase.enabled:
         from .phase_loop import PhaseStepper
-        phase = PhaseStepper(cfg.phase, mlp, grads)
+        if bs < cfg.phase.gradient_accumulation:
+            raise ValueError(f"phase.gradient_accumulation: {cfg.phase.gradient_accumulation} micro-batches "
+                             f"need batch_size >= that, got {bs}")
+        phase = PhaseStepper(cfg.phase, mlp, scratch, grads, loss_fn)
     rng = np.random.default_rng(cfg.optim.seed)
+
+    def update(flat_grads, real_gradient: bool):
+        opt.step(flat_grads)
+        if lsq and real_gradient:  # LSQ scale gradients exist only after a real backward pass
+            lsq.step()
+
     log.meta.update(n_layers=mlp.num_layers, sizes=list(mlp.sizes), total_steps=total)
 
     status, message = "finished", ""
@@ -153,20 +162,14 @@ def train_experiment(cfg: ExperimentConfig, log: MetricsLog | None = None, repor
             idx = order[start: start + bs]
             xb = np.take(data.X_train, idx, axis=0, out=xbuf[: len(idx)])
             yb = np.take(data.y_train, idx, axis=0, out=ybuf[: len(idx)])
-            y = mlp.forward(xb, scratch)
             lr = opt.lr
             if phase is None:
-                loss = loss_fn(y, yb, grads.d_output_mut())
+                loss = loss_fn(mlp.forward(xb, scratch), yb, grads.d_output_mut())
                 if math.isfinite(loss):
                     mlp.backward(xb, scratch, grads, need_input_grad=False)
-                    opt.step(grads.flat())
-                    if lsq:
-                        lsq.step()
+                    update(grads.flat(), True)
             else:
-                loss = phase.step(lambda: loss_fn(y, yb, grads.d_output_mut()),
-                                  lambda: mlp.backward(xb, scratch, grads, need_input_grad=False),
-                                  lambda: loss_fn(y, yb),
-                                  lambda g: (opt.step(g), lsq.step() if lsq else None))
+                loss = phase.step(xb, yb, update)
             step += 1
             if not math.isfinite(loss):
                 status = "diverged"

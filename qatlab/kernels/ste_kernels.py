@@ -1,0 +1,179 @@
+r"""Numba kernels of the 2-layer ternary STE trainer (:class:`qatlab.train.ste.SteTrainer`).
+
+Network (no biases), ``x`` (B, I), latents ``W1`` (H, I), ``W2`` (O, H)::
+
+    Q(W)  = alpha * clamp(rint(W * float32(1/alpha)), -1, 1),  alpha = max(float32(mean|W|), eps)
+    h     = relu(x @ Q(W1).T)                     (B, H)
+    y     = h @ Q(W2).T                           (B, O)
+    L     = mean((y - t)^2)                       over B*O, accumulated in float64
+    dy    = 2 (y - t) / (B*O)                     (B, O)
+    dQ2   = dy.T @ h                              (O, H)
+    dh    = (dy @ Q(W2)) * [h > 0]                (B, H)
+    dQ1   = dh.T @ x                              (H, I)
+    dW    = dQ * ste(W / alpha) * [|W| <= clip]   (STE factor as in :mod:`qatlab.ste`)
+    W    -= lr * dW
+
+``ste`` codes (:attr:`qatlab.SteKind.code`), ``u = W * float32(1/alpha)``::
+
+    0 identity          1
+    1 clipped_identity  1 if |rint(u)| <= 1 else 0
+    2 tanh              1 - tanh(u)^2   (the float32 tanh of :mod:`qatlab.kernels.fakequant`)
+    3 hard_tanh         max(0, 1 - |u|)
+
+Everything is float32 except the loss and the absmean (float64 accumulators). Dense
+products call ``np.dot(a, b, out)`` (Numba's BLAS binding); nothing allocates. A step whose
+loss is not finite returns before the update, so the latents keep their last finite values.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .fakequant import abs_mean, tanh32
+
+_EPS = np.float32(np.finfo(np.float32).eps)
+_ZERO = np.float32(0.0)
+_ONE = np.float32(1.0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def ternarize(w, out):
+    """out = Q(w) (see module doc), returns alpha (float32); w, out float32 (n,).
+
+    Identical to :func:`qatlab.quant.ternary_quantize` (alpha and trits), with the
+    dequantized value written as ``float32(trit) * alpha`` (zeros are +0.0).
+    """
+    alpha = np.float32(abs_mean(w))
+    if alpha < _EPS:
+        alpha = _EPS
+    inv = _ONE / alpha
+    for i in range(w.shape[0]):
+        v = np.rint(w[i] * inv)
+        v = np.float32(-1.0) if v < -1 else (_ONE if v > 1 else v + _ZERO)  # + 0: -0.0 -> +0.0
+        out[i] = v * alpha
+    return alpha
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def dense(x, wq, relu, out):
+    """out = x @ wq.T, then relu in place if ``relu``; x (B, I), wq (O, I), out (B, O).
+
+    relu keeps NaN (``v < 0 -> 0``) so a diverging network stays visibly non-finite.
+    """
+    np.dot(x, wq.T, out)
+    if relu:
+        for b in range(out.shape[0]):
+            for j in range(out.shape[1]):
+                v = out[b, j]
+                out[b, j] = _ZERO if v < _ZERO else v
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def ste_sgd(w, dq, ste, alpha, lr, clip, touched):
+    """w -= lr * dW with dW = dq * ste(w/alpha) * [|w| <= clip]; touched[i] |= (dW != 0).
+
+    w, dq float32 (n,); touched uint8 (n,); ste code 0..3; alpha, lr, clip float32.
+    One branch-free loop per STE kind, so each vectorises.
+    """
+    inv = _ONE / alpha
+    n = w.shape[0]
+    if ste == 0:
+        for i in range(n):
+            wi = w[i]
+            g = dq[i] if np.abs(wi) <= clip else _ZERO
+            touched[i] |= g != _ZERO
+            w[i] = wi - lr * g
+    elif ste == 1:
+        for i in range(n):
+            wi = w[i]
+            v = np.rint(wi * inv)
+            g = dq[i] if (v >= -1) & (v <= 1) & (np.abs(wi) <= clip) else _ZERO
+            touched[i] |= g != _ZERO
+            w[i] = wi - lr * g
+    elif ste == 2:
+        for i in range(n):
+            wi = w[i]
+            t = tanh32(wi * inv)
+            g = dq[i] * (_ONE - t * t) if np.abs(wi) <= clip else _ZERO
+            touched[i] |= g != _ZERO
+            w[i] = wi - lr * g
+    else:
+        for i in range(n):
+            wi = w[i]
+            a = _ONE - np.abs(wi * inv)
+            g = dq[i] * a if (a > _ZERO) & (np.abs(wi) <= clip) else _ZERO
+            touched[i] |= g != _ZERO
+            w[i] = wi - lr * g
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def train_step(x, t, w1, w2, ste, lr, clip, wq1, wq2, h, y, dy, dh, dq1, dq2, touched1, touched2):
+    """One SGD step on the batch (x, t); returns the MSE loss (float64). See the module doc.
+
+    x (B, I), t (B, O); latents w1 (H, I), w2 (O, H) are updated in place; scratch:
+    wq1, dq1 (H, I), wq2, dq2 (O, H), h, dh (B, H), y, dy (B, O); touched1/2 uint8 like w1/w2.
+    Returns -1.0 without doing anything if x or t holds a NaN or inf.
+    """
+    if not (_all_finite(x) and _all_finite(t)):
+        return -1.0
+    a1 = ternarize(w1.reshape(w1.size), wq1.reshape(wq1.size))
+    a2 = ternarize(w2.reshape(w2.size), wq2.reshape(wq2.size))
+    dense(x, wq1, True, h)
+    dense(h, wq2, False, y)
+    B, O = y.shape
+    scale = np.float32(2.0 / (B * O))
+    acc = 0.0
+    for b in range(B):
+        for o in range(O):
+            d = y[b, o] - t[b, o]
+            acc += np.float64(d) * np.float64(d)
+            dy[b, o] = d * scale
+    loss = acc / (B * O)
+    if not np.isfinite(loss):
+        return loss
+    np.dot(dy.T, h, dq2)
+    np.dot(dy, wq2, dh)
+    for b in range(B):
+        for j in range(dh.shape[1]):
+            dh[b, j] = dh[b, j] if h[b, j] > _ZERO else _ZERO
+    np.dot(dh.T, x, dq1)
+    ste_sgd(w1.reshape(w1.size), dq1.reshape(dq1.size), ste, a1, lr, clip, touched1.reshape(touched1.size))
+    ste_sgd(w2.reshape(w2.size), dq2.reshape(dq2.size), ste, a2, lr, clip, touched2.reshape(touched2.size))
+    return loss
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _all_finite(a):
+    """True when every element of a (B, N) is finite."""
+    ok = True
+    for b in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            ok &= np.isfinite(a[b, j])
+    return ok
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def train_epoch(X, T, perm, batch_size, w1, w2, ste, lr, clip, xb, tb,
+                wq1, wq2, h, y, dy, dh, dq1, dq2, touched1, touched2):
+    """One epoch of :func:`train_step` over rows ``perm`` of X (n, I), T (n, O) in batches.
+
+    xb (>= batch_size, I), tb (>= batch_size, O) receive each gathered batch; the last batch
+    may be short. Returns (sample-weighted mean loss, steps run); a non-finite step loss
+    stops the epoch and is returned as the loss.
+    """
+    n = perm.shape[0]
+    total = 0.0
+    steps = 0
+    for start in range(0, n, batch_size):
+        m = min(batch_size, n - start)
+        for r in range(m):
+            src = perm[start + r]
+            xb[r, :] = X[src, :]
+            tb[r, :] = T[src, :]
+        loss = train_step(xb[:m], tb[:m], w1, w2, ste, lr, clip, wq1, wq2,
+                          h[:m], y[:m], dy[:m], dh[:m], dq1, dq2, touched1, touched2)
+        steps += 1
+        if not np.isfinite(loss):
+            return loss, steps
+        total += loss * m
+    return total / n, steps

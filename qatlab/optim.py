@@ -1,0 +1,309 @@
+r"""Optimizers (SGD, momentum, Adam/AdamW), learning-rate schedules and global-norm clipping.
+
+Optimizers update float32 parameters in place, one Numba kernel call per contiguous
+segment. Pass ``mlp.flat_params()`` (or ``mlp.parameters()``, whose views are merged back
+into the one flat buffer) and step with ``grads.flat()``: the whole update is then ONE call.
+Parameters and gradients may also be lists of ``(name, array)`` pairs or of arrays (C-contiguous
+float32), in matching order.
+
+Update rules (t = 1, 2, ... the step number; ``g`` is the gradient after clipping; ``wd`` the
+weight decay, decoupled by default: ``p <- p (1 - lr wd)`` before the update, as AdamW; with
+``decoupled_weight_decay=False`` it is L2 instead, ``g <- g + wd p``, as torch.optim.Adam/SGD)::
+
+    SGD       p <- p - lr g
+    momentum  buf <- mu buf + g;  p <- p - lr buf                   (torch.optim.SGD, momentum=mu)
+    Adam      m <- m + (1 - b1) (g - m);  v <- b2 v + (1 - b2) g^2
+              p <- p - (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)   (torch.optim.Adam)
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+from numba import njit
+
+from .kernels.dense import scale_inplace, sum_squares
+
+SCHEDULES = ("constant", "step", "cosine")
+OPTIMIZERS = ("sgd", "momentum", "adam")
+
+
+# -- kernels: p, g, state float32 (n,); scalars arrive as Python floats (fast to dispatch) and
+# are rounded to float32 once, so the loop runs in float32 like torch's CPU kernels.
+@njit(cache=True, nogil=True, error_model="numpy")
+def _sgd_kernel(p, g, gscale, l2, decay, lr):
+    """p = p * decay - lr * (g * gscale + l2 * p)."""
+    gs, l2f, dec, lrf = np.float32(gscale), np.float32(l2), np.float32(decay), np.float32(lr)
+    for i in range(p.shape[0]):
+        gi = g[i] * gs + l2f * p[i]
+        p[i] = p[i] * dec - lrf * gi
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _momentum_kernel(p, g, buf, gscale, l2, decay, lr, mu):
+    """buf = mu * buf + (g * gscale + l2 * p);  p = p * decay - lr * buf."""
+    gs, l2f, dec, lrf, muf = np.float32(gscale), np.float32(l2), np.float32(decay), np.float32(lr), np.float32(mu)
+    for i in range(p.shape[0]):
+        gi = g[i] * gs + l2f * p[i]
+        b = muf * buf[i] + gi
+        buf[i] = b
+        p[i] = p[i] * dec - lrf * b
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _adam_kernel(p, g, m, v, gscale, l2, decay, b1, b2, step_size, bc2_sqrt, eps):
+    """Adam with bias correction (see module doc); decay = 1 - lr wd (decoupled) or l2 = wd.
+    sqrt(v) / sqrt(1 - b2^t) is computed as a multiply by the inverse (saves a division,
+    within 1 ulp of torch's division)."""
+    gs, l2f, dec = np.float32(gscale), np.float32(l2), np.float32(decay)
+    c1, b2f, c2 = np.float32(1.0 - b1), np.float32(b2), np.float32(1.0 - b2)
+    st, inv_bc, ep = np.float32(step_size), np.float32(1.0 / bc2_sqrt), np.float32(eps)
+    for i in range(p.shape[0]):
+        gi = g[i] * gs + l2f * p[i]
+        mi = m[i] + c1 * (gi - m[i])
+        vi = b2f * v[i] + c2 * gi * gi
+        m[i] = mi
+        v[i] = vi
+        p[i] = p[i] * dec - st * mi / (np.sqrt(vi) * inv_bc + ep)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _ptr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _segments(obj, name: str) -> list[np.ndarray]:
+    """1-d float32 views of a flat array, an object with ``flat()`` (Gradients), or a list of
+    arrays / (name, array) pairs; consecutive views of one flat buffer are merged into one."""
+    if not isinstance(obj, np.ndarray) and callable(getattr(obj, "flat", None)):
+        obj = obj.flat()
+    arrays = [obj] if isinstance(obj, np.ndarray) else [a[1] if isinstance(a, tuple) else a for a in obj]
+    segs = []
+    for a in arrays:
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32:
+            raise TypeError(f"{name}: expected float32 numpy arrays, got {type(a).__name__} {getattr(a, 'dtype', '')}")
+        if not a.flags.c_contiguous or not a.flags.writeable:
+            raise ValueError(f"{name}: arrays must be C-contiguous and writable")
+        if a.size:
+            segs.append(a.reshape(-1))
+    if not segs:
+        raise ValueError(f"{name}: no parameters")
+    if len(segs) == 1:
+        return segs
+    end = _ptr(segs[0])
+    for s in segs:
+        if _ptr(s) != end:
+            return segs
+        end += s.nbytes
+    base = segs[0].base
+    if isinstance(base, np.ndarray) and base.dtype == np.float32 and base.ndim == 1 and base.flags.c_contiguous:
+        off = (_ptr(segs[0]) - _ptr(base)) // 4
+        total = sum(s.size for s in segs)
+        if 0 <= off and off + total <= base.size:
+            return [base[off:off + total]]
+    return segs
+
+
+def _pieces(segs: list[np.ndarray], bounds: list[int]) -> list[np.ndarray]:
+    """Cut the concatenation of ``segs`` at the global offsets ``bounds`` (sorted, ending at the total)."""
+    out, start, k, seg_start = [], 0, 0, 0
+    for b in bounds:
+        while start >= seg_start + segs[k].size:
+            seg_start += segs[k].size
+            k += 1
+        out.append(segs[k][start - seg_start:b - seg_start])
+        start = b
+    return out
+
+
+def clip_global_norm(grads, max_norm: float) -> float:
+    """Scale every gradient by ``max_norm / (n + 1e-6)`` if the global L2 norm n (float64
+    accumulation over all arrays) exceeds ``max_norm`` > 0; return n (pre-clip), as
+    torch.nn.utils.clip_grad_norm_. ``grads``: flat array, Gradients, or list of arrays/pairs."""
+    if not isinstance(max_norm, numbers.Real) or not max_norm > 0:
+        raise ValueError(f"max_norm: expected a number > 0, got {max_norm!r}")
+    segs = _segments(grads, "grads")
+    n = math.sqrt(sum(sum_squares(s) for s in segs))
+    if n > max_norm:
+        c = max_norm / (n + 1e-6)
+        for s in segs:
+            scale_inplace(s, c)
+    return n
+
+
+def _check_number(name, value, lo, hi, lo_open=False, hi_open=False):
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+    if not ok:
+        rng = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+        raise ValueError(f"{name}: expected a number in {rng}, got {value!r}")
+    return float(value)
+
+
+class Schedule:
+    """Learning rate at step t = 0, 1, ... of ``total_steps``:
+
+    constant  lr
+    step      lr, x0.1 from t >= 0.5 T, x0.01 from t >= 0.75 T
+    cosine    lr * 0.5 * (1 + cos(pi * min(t, T) / T))
+    """
+
+    def __init__(self, kind: str = "constant", lr: float = 1e-2, total_steps: int | None = None):
+        if kind not in SCHEDULES:
+            raise ValueError(f"schedule: expected one of {', '.join(SCHEDULES)}; got {kind!r}")
+        self.kind = kind
+        self.base_lr = _check_number("lr", lr, 0.0, math.inf, lo_open=True)
+        if kind != "constant" and (isinstance(total_steps, bool) or not isinstance(total_steps, numbers.Integral)
+                                   or total_steps < 1):
+            raise ValueError(f"total_steps: expected an int >= 1 for schedule {kind!r}, got {total_steps!r}")
+        self.total_steps = None if total_steps is None else int(total_steps)
+
+    def __call__(self, t: int) -> float:
+        if self.kind == "constant":
+            return self.base_lr
+        T = self.total_steps
+        if self.kind == "step":
+            return self.base_lr * (0.01 if t >= 0.75 * T else 0.1 if t >= 0.5 * T else 1.0)
+        return self.base_lr * 0.5 * (1.0 + math.cos(math.pi * min(t, T) / T))
+
+    def __repr__(self) -> str:
+        return f"Schedule({self.kind!r}, lr={self.base_lr}, total_steps={self.total_steps})"
+
+
+class Optimizer:
+    """Base class: holds the parameter segments, the schedule, the step counter and clipping.
+
+    params: flat float32 array, or list of (name, array) / arrays. lr: a number (constant) or a
+    :class:`Schedule`. max_grad_norm > 0 clips the gradient's global norm inside :meth:`step`
+    (without writing to the gradient arrays); ``last_grad_norm`` is then the pre-clip norm.
+    """
+
+    n_state = 0  # float32 state buffers per parameter element
+
+    def __init__(self, params, lr=1e-2, weight_decay=0.0, max_grad_norm=0.0, decoupled_weight_decay=True):
+        self.schedule = lr if isinstance(lr, Schedule) else Schedule("constant", lr)
+        self.weight_decay = _check_number("weight_decay", weight_decay, 0.0, math.inf)
+        self.max_grad_norm = _check_number("max_grad_norm", max_grad_norm, 0.0, math.inf)
+        self.decoupled_weight_decay = bool(decoupled_weight_decay)
+        self._p = _segments(params, "params")
+        self._sizes = [s.size for s in self._p]
+        self.num_params = sum(self._sizes)
+        self._state = [np.zeros(self.num_params, np.float32) for _ in range(self.n_state)]
+        self.t = 0
+        self.last_grad_norm = math.nan
+        self.last_lr = math.nan
+        self._last_grads = self._last_split = None
+
+    @property
+    def lr(self) -> float:
+        """Learning rate the next :meth:`step` will use (from the schedule)."""
+        return self.schedule(self.t)
+
+    def reset_state(self) -> None:
+        """Zero the state buffers and the step counter (parameters untouched)."""
+        for s in self._state:
+            s.fill(0.0)
+        self.t = 0
+
+    def step(self, grads, lr: float | None = None) -> None:
+        """One update of every parameter from ``grads`` (same total size and order as params).
+        lr: override the schedule for this step."""
+        lr = self.schedule(self.t) if lr is None else _check_number("lr", lr, 0.0, math.inf)
+        if grads is self._last_grads:  # same object as last step: its segments are cached
+            g, groups = self._last_split
+        else:
+            g = _segments(grads, "grads")
+            if len(g) == 1 and len(self._p) == 1:
+                if g[0].size != self.num_params:
+                    raise ValueError(f"grads: expected {self.num_params} elements (as params), got {g[0].size}")
+                groups = [(self._p[0], g[0], *self._state)]
+            else:
+                groups = self._split(g)
+            if isinstance(grads, np.ndarray) or hasattr(grads, "flat"):  # lists may be mutated: no cache
+                self._last_grads, self._last_split = grads, (g, groups)
+        gscale = 1.0
+        if self.max_grad_norm > 0:
+            n = math.sqrt(sum(sum_squares(s) for s in g))
+            self.last_grad_norm = n
+            if n > self.max_grad_norm:
+                gscale = self.max_grad_norm / (n + 1e-6)
+        self.t += 1
+        self.last_lr = lr
+        wd = self.weight_decay
+        decay, l2 = (1.0 - lr * wd, 0.0) if self.decoupled_weight_decay else (1.0, wd)
+        for arrays in groups:
+            self._update(arrays, gscale, l2, decay, lr)
+
+    def _split(self, g):
+        if sum(s.size for s in g) != self.num_params:
+            raise ValueError(f"grads: expected {self.num_params} elements (as params), got {sum(s.size for s in g)}")
+        bounds = sorted(set(np.cumsum(self._sizes).tolist()) | set(np.cumsum([s.size for s in g]).tolist()))
+        cols = [_pieces(self._p, bounds), _pieces(g, bounds)] + [_pieces([s], bounds) for s in self._state]
+        return list(zip(*cols))
+
+    def _update(self, arrays, gscale, l2, decay, lr):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class SGD(Optimizer):
+    """SGD, with heavy-ball momentum when ``momentum`` > 0 (torch.optim.SGD, dampening 0)."""
+
+    def __init__(self, params, lr=1e-2, momentum=0.0, weight_decay=0.0, max_grad_norm=0.0,
+                 decoupled_weight_decay=True):
+        self.momentum = _check_number("momentum", momentum, 0.0, 1.0, hi_open=True)
+        self.n_state = 1 if self.momentum > 0 else 0
+        super().__init__(params, lr, weight_decay, max_grad_norm, decoupled_weight_decay)
+
+    def _update(self, arrays, gscale, l2, decay, lr):
+        if self.momentum > 0:
+            p, g, buf = arrays
+            _momentum_kernel(p, g, buf, gscale, l2, decay, lr, self.momentum)
+        else:
+            p, g = arrays
+            _sgd_kernel(p, g, gscale, l2, decay, lr)
+
+
+class Momentum(SGD):
+    """SGD with momentum (default 0.9)."""
+
+    def __init__(self, params, lr=1e-2, momentum=0.9, weight_decay=0.0, max_grad_norm=0.0,
+                 decoupled_weight_decay=True):
+        super().__init__(params, lr, momentum, weight_decay, max_grad_norm, decoupled_weight_decay)
+
+
+class Adam(Optimizer):
+    """Adam with bias correction (torch.optim.Adam); decoupled weight decay makes it AdamW."""
+
+    n_state = 2
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, max_grad_norm=0.0,
+                 decoupled_weight_decay=True):
+        b1, b2 = betas
+        self.betas = (_check_number("betas[0]", b1, 0.0, 1.0, hi_open=True),
+                      _check_number("betas[1]", b2, 0.0, 1.0, hi_open=True))
+        self.eps = _check_number("eps", eps, 0.0, math.inf)
+        super().__init__(params, lr, weight_decay, max_grad_norm, decoupled_weight_decay)
+
+    def _update(self, arrays, gscale, l2, decay, lr):
+        p, g, m, v = arrays
+        b1, b2 = self.betas
+        _adam_kernel(p, g, m, v, gscale, l2, decay, b1, b2, lr / (1.0 - b1 ** self.t),
+                     math.sqrt(1.0 - b2 ** self.t), self.eps)
+
+
+def make_optimizer(cfg, params, steps_per_epoch: int) -> Optimizer:
+    """Optimizer described by an :class:`qatlab.config.OptimConfig`: ``cfg.optimizer`` (sgd,
+    momentum, adam), ``lr`` with ``schedule`` over ``epochs * steps_per_epoch`` steps,
+    ``momentum``, ``weight_decay`` (decoupled), ``max_grad_norm`` (0 = off)."""
+    if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, numbers.Integral) or steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch: expected an int >= 1, got {steps_per_epoch!r}")
+    if cfg.optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}; got {cfg.optimizer!r}")
+    sched = Schedule(cfg.schedule, cfg.lr, int(cfg.epochs) * int(steps_per_epoch))
+    common = dict(weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm)
+    if cfg.optimizer == "adam":
+        return Adam(params, sched, **common)
+    if cfg.optimizer == "momentum":
+        return Momentum(params, sched, momentum=cfg.momentum, **common)
+    return SGD(params, sched, **common)

@@ -1,0 +1,516 @@
+r"""PhaseTrainer: full backward passes alternate with predicted gradients.
+
+Schedule (``PhaseConfig``; F, P = the current FULL and predict-block lengths)::
+
+    WARMUP x warmup_steps (once) -> [ FULL x F -> predict block x P ] -> [ FULL x F -> ... ] ...
+
+Position j = 1..P of the predict block is CORRECT when ``j % correct_every == 0``, else
+PREDICT. A cycle is one FULL run plus its predict block (just FULL when P = 0); with
+F = P = 0 every step after the warmup is FULL and no cycle ever completes. With the
+defaults (F=10, P=40, correct_every=10) 100 steps are 20 FULL + 72 PREDICT + 8 CORRECT.
+
+WARMUP, FULL and CORRECT steps run a backward pass; PREDICT steps do not::
+
+    speedup_ratio     = total steps / backward steps                      (step count)
+    wallclock_speedup = mean(backward-step seconds) * total steps / total seconds
+
+the latter measured from :meth:`PhaseTrainer.begin_step` to :meth:`PhaseTrainer.end_step`, and
+NaN until both kinds of step have been timed.
+
+Per step, in a training loop (``k`` = gradient_accumulation micro-batches)::
+
+    info = pt.begin_step()
+    if info.needs_backward:                       # WARMUP, FULL, CORRECT
+        for mb in range(k):
+            pt.record_full_gradients(grads_of(mb))   # real gradients; the mean of k is used
+        g = pt.gradients_for_update()             # clipped real gradient
+    else:                                         # PREDICT: no backward pass
+        g = pt.get_predicted_gradients()          # prediction + learned correction, clipped
+    optimizer.step(g)
+    pt.end_step(loss)
+
+Every real gradient (mean of the k micro-batches) enters the predictor's history; on
+CORRECT steps the prediction for that step is compared with it first and the error is
+folded into the correction (see :mod:`qatlab.train.predictors`). ``max_grad_norm`` > 0
+clips every gradient handed out to global norm <= max_grad_norm (factor
+max_grad_norm / (norm + 1e-6) when norm > max_grad_norm, as torch.nn.utils.clip_grad_norm_);
+the history keeps the unclipped gradient.
+
+Adaptive phases (``adaptive_phases``), applied when a cycle with a predict block ends, with
+L_F / L_P the mean loss over that cycle's FULL steps / predict block::
+
+    r = (L_P - L_F) / max(|L_F|, 1e-12)
+    r > loss_threshold              -> F += max(1, F0 // 4), P -= max(1, P0 // 4)   (predictions hurt)
+    r < 0 in 2 cycles in a row      -> F -= max(1, F0 // 4), P += max(1, P0 // 4)   (loss keeps falling)
+
+within F in [max(1, F0 // 2), 2 F0] and P in [max(1, P0 // 2), 2 P0] (F0, P0 = configured
+lengths; with P0 = 0 there is no predict block and nothing adapts).
+:meth:`PhaseTrainer.reset` restores the configured lengths (and everything else).
+"""
+from __future__ import annotations
+
+import enum
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..config import PhaseConfig
+from ..kernels.phase_kernels import sum_squares
+from .predictors import CorrectionResult, ParamLayout, make_predictor
+from .ternary_accumulator import TernaryGradientAccumulator
+from .vsa import VSAGradientCompressor
+
+_clock = time.perf_counter   # replaced by tests
+_FALLING_CYCLES = 2
+_NAN = float("nan")
+
+
+class TrainingPhase(enum.IntEnum):
+    """Phase of one step; the int code is what metrics columns store."""
+
+    WARMUP = 0
+    FULL = 1
+    PREDICT = 2
+    CORRECT = 3
+
+    @property
+    def label(self) -> str:
+        """Lower-case name, e.g. ``"predict"``."""
+        return self.name.lower()
+
+    @property
+    def needs_backward(self) -> bool:
+        """True for WARMUP, FULL and CORRECT."""
+        return self is not TrainingPhase.PREDICT
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What :meth:`PhaseTrainer.begin_step` decided for one step.
+
+    phase_step: 0-based position in the current run (warmup, FULL run, or predict block:
+    PREDICT and CORRECT share the block's count). total_step: 0-based step index. cycle:
+    cycles completed before this step. phase_changed: phase differs from the previous step's.
+    """
+
+    phase: TrainingPhase
+    phase_step: int
+    total_step: int
+    cycle: int
+    phase_changed: bool
+    needs_backward: bool
+
+
+@dataclass
+class TrainerStats:
+    """Counters and measurements of a :class:`PhaseTrainer` run (see module doc).
+
+    Step counts are of completed steps; ``backward_passes`` = warmup + full + correct steps;
+    ``micro_batches`` = real gradients recorded. ``mean_loss`` maps phase labels to the mean
+    loss over those steps (NaN if none). Prediction error / cosine are means over corrections.
+    """
+
+    total_steps: int = 0
+    warmup_steps: int = 0
+    full_steps: int = 0
+    predict_steps: int = 0
+    correct_steps: int = 0
+    backward_passes: int = 0
+    micro_batches: int = 0
+    cycles: int = 0
+    speedup_ratio: float = _NAN
+    backward_seconds: float = 0.0
+    predict_seconds: float = 0.0
+    wallclock_speedup: float = _NAN
+    full_length: int = 0
+    predict_length: int = 0
+    mean_loss: dict = field(default_factory=dict)
+    corrections: int = 0
+    correction_resets: int = 0
+    mean_prediction_error: float = _NAN
+    mean_prediction_cosine: float = _NAN
+    clipped_steps: int = 0
+    predictor_bytes: int = 0
+    accumulator_bytes: int = 0
+    compressor_bytes: int = 0
+
+    def to_dict(self) -> dict:
+        """Plain dict (JSON-ready)."""
+        return asdict(self)
+
+
+def make_phase_trainer(param_shapes, config: PhaseConfig):
+    """A :class:`PhaseTrainer` if ``config.enabled``, else None (plain full backprop)."""
+    if not isinstance(config, PhaseConfig):
+        raise TypeError(f"config: must be a PhaseConfig, got {type(config).__name__}")
+    return PhaseTrainer(param_shapes, config) if config.enabled else None
+
+
+class PhaseTrainer:
+    """Decides per step whether to run a backward pass, and supplies the gradient to apply.
+
+    Args:
+        param_shapes: list of ``(name, shape)``; gradients are dicts name -> float32 array of
+            that shape (validated: ``ValueError`` naming the parameter; NaN/inf rejected with
+            nothing applied).
+        config: :class:`~qatlab.config.PhaseConfig`, validated and copied (``enabled`` is not
+            consulted here: see :func:`make_phase_trainer`).
+    Returned gradient dicts are views of internal float32 buffers, overwritten by the next
+    step; pass ``out=`` (dict of arrays) to have them copied instead.
+    """
+
+    def __init__(self, param_shapes, config: PhaseConfig | None = None):
+        config = PhaseConfig() if config is None else config
+        if not isinstance(config, PhaseConfig):
+            raise TypeError(f"config: must be a PhaseConfig, got {type(config).__name__}")
+        config.validate()
+        self._config = config.copy()
+        self._layout = ParamLayout(param_shapes)
+        n = self._layout.size
+        self._real = np.zeros(n, dtype=np.float32)   # step's real gradient (mean of micro-batches)
+        self._pred = np.zeros(n, dtype=np.float32)   # step's prediction, unclipped
+        self._out = np.zeros(n, dtype=np.float32)    # clipped gradient handed out
+        self._out_views = self._layout.views(self._out)
+        self._predictor = make_predictor(config.predictor, n, self._config.prediction)
+        self._accumulator = None
+        self._compressor = None
+        self.reset()
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        """Back to the state of a new trainer: configured lengths, empty history, zero counters."""
+        c = self._config
+        self._full_len, self._predict_len = int(c.full_steps), int(c.predict_steps)
+        self._segment = TrainingPhase.WARMUP if c.warmup_steps > 0 else TrainingPhase.FULL
+        self._pos = 0
+        self._prev_phase = None
+        self._in_step = False
+        self._info = None
+        self._micro = 0
+        self._grad_ready = self._pred_ready = False
+        self._t0 = 0.0
+        self._falling = 0
+        self._cycle_loss = {"full": [0.0, 0], "block": [0.0, 0]}
+        self._counts = {p: 0 for p in TrainingPhase}
+        self._loss_sums = {p: 0.0 for p in TrainingPhase}
+        self._seconds = [0.0, 0.0]       # backward steps, predict steps
+        self._timed = [0, 0]
+        self._micro_batches = self._cycles = self._clipped = 0
+        self._corr_n = self._corr_resets = 0
+        self._corr_err = self._corr_cos = 0.0
+        self._last_correction = None
+        self._last_norm = _NAN
+        self._predictor.reset()
+        if self._accumulator is not None:
+            self._accumulator.reset()
+
+    @property
+    def config(self) -> PhaseConfig:
+        """A copy of the configuration in use."""
+        return self._config.copy()
+
+    @property
+    def layout(self) -> ParamLayout:
+        """Names, shapes and flat offsets of the parameters."""
+        return self._layout
+
+    @property
+    def current_phase(self) -> TrainingPhase:
+        """Phase of the step in progress, or of the next step between steps."""
+        return self._info.phase if self._in_step else self._scheduled_phase()
+
+    @property
+    def total_step(self) -> int:
+        """Completed steps."""
+        return sum(self._counts.values())
+
+    @property
+    def cycle_count(self) -> int:
+        """Completed cycles (FULL run + predict block)."""
+        return self._cycles
+
+    @property
+    def phase_lengths(self) -> tuple[int, int]:
+        """Current (FULL length, predict-block length), changed by adaptation."""
+        return self._full_len, self._predict_len
+
+    @property
+    def speedup_ratio(self) -> float:
+        """total steps / backward steps (NaN before the first backward step)."""
+        bwd = self._backward_steps()
+        return self.total_step / bwd if bwd else _NAN
+
+    @property
+    def last_correction(self) -> CorrectionResult | None:
+        """The most recent correction measurement (None before the first)."""
+        return self._last_correction
+
+    @property
+    def ternary_accumulator(self) -> TernaryGradientAccumulator:
+        """A :class:`TernaryGradientAccumulator` over these parameters (``config.ternary``),
+        created on first access; the step loop does not feed it."""
+        if self._accumulator is None:
+            self._accumulator = TernaryGradientAccumulator(list(zip(self._layout.names, self._layout.shapes)),
+                                                           self._config.ternary)
+        return self._accumulator
+
+    @property
+    def vsa_compressor(self) -> VSAGradientCompressor:
+        """A :class:`VSAGradientCompressor` over these parameters (``config.vsa``), created on
+        first access; the step loop does not use it (each call costs O(n k))."""
+        if self._compressor is None:
+            self._compressor = VSAGradientCompressor(list(zip(self._layout.names, self._layout.shapes)),
+                                                     self._config.vsa)
+        return self._compressor
+
+    def should_compute_full(self) -> bool:
+        """Whether the step in progress (or the next step) runs a backward pass."""
+        return self.current_phase.needs_backward
+
+    # ------------------------------------------------------------------ schedule
+    def _backward_steps(self) -> int:
+        return self.total_step - self._counts[TrainingPhase.PREDICT]
+
+    def _segment_length(self, segment: TrainingPhase) -> float:
+        if segment is TrainingPhase.WARMUP:
+            return self._config.warmup_steps
+        if segment is TrainingPhase.FULL:
+            return self._full_len if self._full_len + self._predict_len > 0 else math.inf
+        return self._predict_len
+
+    def _scheduled_phase(self) -> TrainingPhase:
+        if self._segment is TrainingPhase.PREDICT:      # the predict block
+            j = self._pos + 1
+            return TrainingPhase.CORRECT if j % self._config.correct_every == 0 else TrainingPhase.PREDICT
+        return self._segment
+
+    def _advance(self) -> None:
+        self._pos += 1
+        if self._pos < self._segment_length(self._segment):
+            return
+        self._pos = 0
+        if self._segment is TrainingPhase.FULL and self._predict_len > 0:
+            self._segment = TrainingPhase.PREDICT
+            return
+        if self._segment is not TrainingPhase.WARMUP:
+            self._end_cycle()
+        self._segment = TrainingPhase.FULL
+
+    def _end_cycle(self) -> None:
+        self._cycles += 1
+        (sum_f, n_f), (sum_p, n_p) = self._cycle_loss["full"], self._cycle_loss["block"]
+        self._cycle_loss = {"full": [0.0, 0], "block": [0.0, 0]}
+        if not self._config.adaptive_phases or n_f == 0 or n_p == 0:
+            return
+        loss_f, loss_p = sum_f / n_f, sum_p / n_p
+        r = (loss_p - loss_f) / max(abs(loss_f), 1e-12)
+        if r > self._config.loss_threshold:
+            self._falling = 0
+            self._resize(+1)
+        elif r < 0:
+            self._falling += 1
+            if self._falling >= _FALLING_CYCLES:
+                self._falling = 0
+                self._resize(-1)
+        else:
+            self._falling = 0
+
+    def _resize(self, direction: int) -> None:
+        f0, p0 = self._config.full_steps, self._config.predict_steps
+        f = self._full_len + direction * max(1, f0 // 4)
+        p = self._predict_len - direction * max(1, p0 // 4)
+        self._full_len = min(max(f, max(1, f0 // 2)), 2 * f0)
+        self._predict_len = min(max(p, max(1, p0 // 2)), 2 * p0)
+
+    # ------------------------------------------------------------------ per step
+    def begin_step(self) -> StepInfo:
+        """Start the next step and say what it is (see :class:`StepInfo`); starts its timer."""
+        if self._in_step:
+            raise RuntimeError("begin_step: the previous step was not ended (call end_step(loss))")
+        phase = self._scheduled_phase()
+        self._info = StepInfo(phase=phase, phase_step=self._pos, total_step=self.total_step,
+                              cycle=self._cycles, phase_changed=phase is not self._prev_phase,
+                              needs_backward=phase.needs_backward)
+        self._in_step = True
+        self._micro = 0
+        self._grad_ready = self._pred_ready = False
+        self._t0 = _clock()
+        return self._info
+
+    def _require_step(self, what: str, backward: bool) -> None:
+        if not self._in_step:
+            raise RuntimeError(f"{what}: call begin_step() first")
+        if self._info.needs_backward != backward:
+            kind = "a backward" if backward else "a PREDICT"
+            raise RuntimeError(f"{what}: only on {kind} step; step {self._info.total_step} is "
+                               f"{self._info.phase.name}")
+
+    def record_full_gradients(self, grads: dict) -> None:
+        """Record one micro-batch's real gradients (dict name -> float32 array).
+
+        Call exactly ``gradient_accumulation`` times per backward step; the k-th call forms
+        the step's gradient (mean of the k, summed in float32 and scaled by 1/k), measures and
+        folds the prediction error on CORRECT steps, pushes it into the history and clips it
+        for :meth:`gradients_for_update`. Bad gradients raise ``ValueError``, nothing recorded.
+        """
+        self._require_step("record_full_gradients", backward=True)
+        k = self._config.gradient_accumulation
+        if self._micro >= k:
+            raise RuntimeError(f"record_full_gradients: already called gradient_accumulation={k} times this step")
+        flats = self._layout.check(grads)
+        off = self._layout.offsets
+        for t, g in enumerate(flats):
+            seg = self._real[off[t]:off[t + 1]]
+            if self._micro == 0:
+                seg[:] = g
+            else:
+                np.add(seg, g, out=seg)
+        self._micro += 1
+        self._micro_batches += 1
+        if self._micro == k:
+            if k > 1:
+                np.multiply(self._real, np.float32(1.0 / k), out=self._real)
+            self._finish_real_gradient()
+
+    def _finish_real_gradient(self) -> None:
+        step = self._info.total_step
+        if self._info.phase is TrainingPhase.CORRECT:
+            self._predictor.predict(step, self._pred)
+            self._note_correction(self._predictor.fold(self._real, self._pred, step))
+        self._predictor.push(self._real, step)
+        self._clip_into_out(self._real)
+        self._grad_ready = True
+
+    def _note_correction(self, result: CorrectionResult) -> None:
+        self._last_correction = result
+        self._corr_n += 1
+        self._corr_resets += int(result.reset)
+        self._corr_err += result.relative_error
+        self._corr_cos += result.cosine
+
+    def _clip_into_out(self, src: np.ndarray) -> None:
+        norm = math.sqrt(sum_squares(src))
+        self._last_norm = norm
+        limit = self._config.max_grad_norm
+        if limit > 0 and norm > limit:
+            np.multiply(src, np.float32(limit / (norm + 1e-6)), out=self._out)
+            self._clipped += 1
+        else:
+            self._out[:] = src
+
+    def gradients_for_update(self, out: dict | None = None) -> dict[str, np.ndarray]:
+        """The step's real gradient, clipped: dict name -> float32 array (views; see class doc).
+
+        Only on backward steps, after ``gradient_accumulation`` calls of
+        :meth:`record_full_gradients`.
+        """
+        self._require_step("gradients_for_update", backward=True)
+        if not self._grad_ready:
+            raise RuntimeError(f"gradients_for_update: record_full_gradients called {self._micro} of "
+                               f"gradient_accumulation={self._config.gradient_accumulation} times")
+        return self._layout.copy_out(self._out, out) if out is not None else dict(self._out_views)
+
+    def get_predicted_gradients(self, out: dict | None = None) -> dict[str, np.ndarray]:
+        """The predicted gradient for this PREDICT step (correction included), clipped."""
+        self._require_step("get_predicted_gradients", backward=False)
+        if not self._pred_ready:
+            self._predictor.predict(self._info.total_step, self._pred)
+            self._clip_into_out(self._pred)
+            self._pred_ready = True
+        return self._layout.copy_out(self._out, out) if out is not None else dict(self._out_views)
+
+    def apply_correction(self, grads: dict) -> CorrectionResult:
+        """Manual correction: fold real ``grads`` measured at the current step into the
+        correction exactly as a CORRECT step does (without recording them as history or
+        counting a backward pass). Allowed on PREDICT steps and between steps."""
+        if self._in_step and self._info.needs_backward:
+            raise RuntimeError("apply_correction: not on a backward step (CORRECT steps correct themselves)")
+        if self._predictor.count == 0:
+            raise RuntimeError("apply_correction: no real gradient recorded yet")
+        flats = self._layout.check(grads)
+        off = self._layout.offsets
+        for t, g in enumerate(flats):
+            self._real[off[t]:off[t + 1]] = g
+        step = self._info.total_step if self._in_step else self.total_step
+        self._predictor.predict(step, self._pred)
+        result = self._predictor.fold(self._real, self._pred, step)
+        self._note_correction(result)
+        self._pred_ready = False
+        return result
+
+    def end_step(self, loss: float) -> None:
+        """Finish the step: record its (finite) loss and time, advance the schedule."""
+        if not self._in_step:
+            raise RuntimeError("end_step: call begin_step() first")
+        try:
+            loss = float(loss)
+        except (TypeError, ValueError):
+            raise ValueError(f"loss: must be a finite number, got {loss!r}") from None
+        if not math.isfinite(loss):
+            raise ValueError(f"loss: must be a finite number, got {loss}")
+        phase = self._info.phase
+        if phase.needs_backward and not self._grad_ready:
+            raise RuntimeError(f"end_step: step {self._info.total_step} is {phase.name}; call "
+                               f"record_full_gradients gradient_accumulation times first")
+        kind = 0 if phase.needs_backward else 1
+        self._seconds[kind] += _clock() - self._t0
+        self._timed[kind] += 1
+        self._counts[phase] += 1
+        self._loss_sums[phase] += loss
+        if phase is TrainingPhase.FULL:
+            self._cycle_loss["full"][0] += loss
+            self._cycle_loss["full"][1] += 1
+        elif phase is not TrainingPhase.WARMUP:
+            self._cycle_loss["block"][0] += loss
+            self._cycle_loss["block"][1] += 1
+        self._prev_phase = phase
+        self._in_step = False
+        self._advance()
+
+    # ------------------------------------------------------------------ reporting
+    def wallclock_speedup(self) -> float:
+        """mean backward-step seconds * total steps / total seconds; NaN unless both kinds timed."""
+        (s_b, s_p), (n_b, n_p) = self._seconds, self._timed
+        if n_b == 0 or n_p == 0 or s_b + s_p <= 0:
+            return _NAN
+        return (s_b / n_b) * (n_b + n_p) / (s_b + s_p)
+
+    def get_stats(self) -> TrainerStats:
+        """A snapshot of the counters and measurements (:class:`TrainerStats`)."""
+        c = self._counts
+        n_corr = self._corr_n
+        return TrainerStats(
+            total_steps=self.total_step, warmup_steps=c[TrainingPhase.WARMUP], full_steps=c[TrainingPhase.FULL],
+            predict_steps=c[TrainingPhase.PREDICT], correct_steps=c[TrainingPhase.CORRECT],
+            backward_passes=self._backward_steps(), micro_batches=self._micro_batches, cycles=self._cycles,
+            speedup_ratio=self.speedup_ratio, backward_seconds=self._seconds[0], predict_seconds=self._seconds[1],
+            wallclock_speedup=self.wallclock_speedup(), full_length=self._full_len,
+            predict_length=self._predict_len,
+            mean_loss={p.label: (self._loss_sums[p] / c[p] if c[p] else _NAN) for p in TrainingPhase},
+            corrections=n_corr, correction_resets=self._corr_resets,
+            mean_prediction_error=self._corr_err / n_corr if n_corr else _NAN,
+            mean_prediction_cosine=self._corr_cos / n_corr if n_corr else _NAN,
+            clipped_steps=self._clipped, predictor_bytes=self._predictor.nbytes,
+            accumulator_bytes=self._accumulator.nbytes if self._accumulator is not None else 0,
+            compressor_bytes=self._compressor.nbytes if self._compressor is not None else 0)
+
+    def step_metrics(self) -> dict[str, float]:
+        """Flat row for a MetricsLog after :meth:`end_step` (all floats; NaN where unmeasured).
+
+        phase: code of the last completed step; prediction_error / prediction_cosine: the most
+        recent correction; grad_norm: global norm of the last gradient handed out, before clipping.
+        """
+        last = self._last_correction
+        return {
+            "phase": float(self._prev_phase) if self._prev_phase is not None else _NAN,
+            "backward_passes": float(self._backward_steps()),
+            "step_speedup": self.speedup_ratio,
+            "wallclock_speedup": self.wallclock_speedup(),
+            "prediction_error": last.relative_error if last else _NAN,
+            "prediction_cosine": last.cosine if last else _NAN,
+            "grad_norm": self._last_norm,
+            "full_length": float(self._full_len),
+            "predict_length": float(self._predict_len),
+        }

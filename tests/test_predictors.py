@@ -1,0 +1,247 @@
+"""Gradient predictors, their correction, ParamLayout, and the vector kernels they use."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from qatlab.config import PredictionConfig
+from qatlab.kernels.phase_kernels import all_finite, combine_history, compare_vectors, fold_correction, sum_squares
+from qatlab.train.predictors import (LeastSquaresPredictor, MomentumPredictor, ParamLayout, make_predictor)
+
+F32 = np.float32
+
+
+def vec(rng, n=64):
+    return rng.standard_normal(n).astype(F32)
+
+
+# ----------------------------------------------------------------- kernels vs numpy
+def test_all_finite_kernel(rng):
+    x = vec(rng, 100)
+    assert all_finite(x) == np.isfinite(x).all()
+    for bad in (np.nan, np.inf, -np.inf):
+        y = x.copy()
+        y[37] = bad
+        assert not all_finite(y)
+    assert all_finite(np.zeros(0, F32))
+    assert all_finite(np.full(3, np.finfo(F32).max, F32))
+
+
+def test_sum_squares_kernel(rng):
+    x = vec(rng, 1000)
+    assert sum_squares(x) == pytest.approx(np.sum(x.astype(np.float64) ** 2), rel=1e-12)
+
+
+def test_compare_vectors_kernel(rng):
+    a, p = vec(rng), vec(rng)
+    out = np.zeros(4)
+    compare_vectors(a, p, out)
+    a64, p64 = a.astype(np.float64), p.astype(np.float64)
+    np.testing.assert_allclose(out, [a64 @ p64, a64 @ a64, p64 @ p64, (a64 - p64) @ (a64 - p64)], rtol=1e-12)
+
+
+def test_combine_history_kernel(rng):
+    hist = rng.standard_normal((5, 64)).astype(F32)
+    coeffs = rng.standard_normal(5)
+    corr = vec(rng)
+    out = np.zeros(64, F32)
+    combine_history(hist, coeffs, corr, 0.7, out)
+    ref = 0.7 * corr.astype(np.float64)
+    for i in range(5):
+        ref = ref + coeffs[i] * hist[i].astype(np.float64)
+    np.testing.assert_array_equal(out, ref.astype(F32))
+
+
+def test_fold_correction_kernel(rng):
+    corr, a, p = vec(rng), vec(rng), vec(rng)
+    ref = (0.9 * corr.astype(np.float64) + 0.5 * (a.astype(np.float64) - p.astype(np.float64))).astype(F32)
+    fold_correction(corr, 0.9, a, p, 0.5)
+    np.testing.assert_array_equal(corr, ref)
+
+
+# ----------------------------------------------------------------- layout
+def test_layout_offsets_and_views():
+    lay = ParamLayout([("w", (3, 4)), ("b", (4,)), ("s", ())])
+    assert lay.size == 17 and list(lay.offsets) == [0, 12, 16, 17]
+    flat = np.arange(17, dtype=F32)
+    v = lay.views(flat)
+    assert v["w"].shape == (3, 4) and v["s"].shape == () and v["b"][0] == 12
+    v["b"][0] = -1
+    assert flat[12] == -1
+
+
+@pytest.mark.parametrize("shapes", [[], [("w", (0,))], [("w", (2,)), ("w", (3,))], [("", (2,))],
+                                    [("w", (2.0,))], "nonsense", [("w", (True,))]])
+def test_layout_rejects_bad_shapes(shapes):
+    with pytest.raises(ValueError, match="param_shapes"):
+        ParamLayout(shapes)
+
+
+def test_layout_check_messages():
+    lay = ParamLayout([("w", (3, 4)), ("b", (4,))])
+    good = {"w": np.zeros((3, 4), F32), "b": np.zeros(4, F32)}
+    assert [f.shape for f in lay.check(good)] == [(12,), (4,)]
+    with pytest.raises(ValueError, match=r"grads\['w'\]: expected shape \(3, 4\), got \(4, 3\)"):
+        lay.check({**good, "w": np.zeros((4, 3), F32)})
+    with pytest.raises(ValueError, match=r"grads\['b'\]: must be a float32 ndarray, got float64"):
+        lay.check({**good, "b": np.zeros(4)})
+    with pytest.raises(ValueError, match=r"missing \['b'\], unknown \['c'\]"):
+        lay.check({"w": good["w"], "c": good["b"]})
+    with pytest.raises(ValueError, match=r"grads\['b'\]: contains NaN or inf"):
+        lay.check({**good, "b": np.array([0, np.inf, 0, 0], F32)})
+    with pytest.raises(ValueError, match="must be a dict"):
+        lay.check([good["w"], good["b"]])
+
+
+# ----------------------------------------------------------------- momentum
+def cfg(**kw):
+    return PredictionConfig(**kw)
+
+
+def test_momentum_exact_formula_one_step_ahead(rng):
+    m = 0.9
+    p = MomentumPredictor(64, cfg(momentum=m))
+    g2, g1 = vec(rng), vec(rng)
+    p.push(g2, 10)
+    p.push(g1, 11)
+    out = p.predict(12, np.zeros(64, F32))
+    ref = g1.astype(np.float64) + m * (g1.astype(np.float64) - g2.astype(np.float64))
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_momentum_extrapolates_with_step_count(rng):
+    m = 0.5
+    p = MomentumPredictor(64, cfg(momentum=m))
+    g2, g1 = vec(rng), vec(rng)
+    p.push(g2, 4)
+    p.push(g1, 7)              # gap 3
+    preds = [p.predict(t, np.zeros(64, F32)).copy() for t in (8, 9, 12)]
+    for t, out in zip((8, 9, 12), preds):
+        ref = g1 + m * (t - 7) / 3 * (g1.astype(np.float64) - g2)
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    assert not np.array_equal(preds[0], preds[1])
+
+
+def test_momentum_single_gradient_and_ring(rng):
+    p = MomentumPredictor(64, cfg())
+    with pytest.raises(RuntimeError, match="no real gradient"):
+        p.predict(0, np.zeros(64, F32))
+    g = vec(rng)
+    p.push(g, 0)
+    np.testing.assert_array_equal(p.predict(5, np.zeros(64, F32)), g)
+    gs = [vec(rng) for _ in range(3)]
+    for t, gi in enumerate(gs, start=1):
+        p.push(gi, t)
+    out = p.predict(4, np.zeros(64, F32))     # uses the last two only
+    np.testing.assert_allclose(out, gs[2] + 0.9 * (gs[2].astype(np.float64) - gs[1]), rtol=1e-5, atol=1e-5)
+    assert p.nbytes == 2 * 64 * 4 + 2 * 8 + 64 * 4
+
+
+def test_push_requires_increasing_steps(rng):
+    p = MomentumPredictor(8, cfg())
+    p.push(vec(rng, 8), 3)
+    with pytest.raises(ValueError, match="step: must increase"):
+        p.push(vec(rng, 8), 3)
+
+
+# ----------------------------------------------------------------- least squares
+def ls_reference(grads, steps, t, decay, history_size):
+    """np.polyfit per element with weights decay^age (polyfit squares its w)."""
+    g = np.array(grads[-history_size:], dtype=np.float64)
+    s = np.array(steps[-history_size:], dtype=np.float64)
+    x = s - s[-1]
+    w = decay ** (-x)
+    b, a = np.polyfit(x, g, 1, w=np.sqrt(w))
+    return a + b * (t - s[-1])
+
+
+@pytest.mark.parametrize("decay,steps", [(0.95, [0, 1, 2, 3, 4, 5, 6]), (0.5, [0, 1, 2, 12, 13, 14, 24]),
+                                         (1.0, [3, 4, 5, 9])])
+def test_least_squares_matches_weighted_polyfit(rng, decay, steps):
+    h = 5
+    p = LeastSquaresPredictor(64, cfg(history_size=h, history_decay=decay))
+    base = vec(rng)
+    slope = vec(rng)
+    grads = [base + 0.1 * s * slope + 0.3 * vec(rng) for s in steps]
+    for g, s in zip(grads, steps):
+        p.push(g, s)
+    for t in (steps[-1] + 1, steps[-1] + 7):
+        out = p.predict(t, np.zeros(64, F32))
+        np.testing.assert_allclose(out, ls_reference(grads, steps, t, decay, h), rtol=1e-4, atol=1e-4)
+
+
+def test_least_squares_exact_on_linear_trend(rng):
+    p = LeastSquaresPredictor(64, cfg(history_size=4))
+    a, b = vec(rng), vec(rng)
+    for s in range(4):
+        p.push(a + s * b, s)
+    out = p.predict(10, np.zeros(64, F32))
+    np.testing.assert_allclose(out, a + 10 * b.astype(np.float64), rtol=1e-4, atol=1e-4)
+    assert not np.allclose(out, p.predict(11, np.zeros(64, F32)))   # moves with the step
+    assert p.nbytes == 4 * 64 * 4 + 4 * 8 + 64 * 4
+
+
+def test_make_predictor():
+    assert isinstance(make_predictor("momentum", 4, cfg()), MomentumPredictor)
+    assert isinstance(make_predictor("least_squares", 4, cfg()), LeastSquaresPredictor)
+    with pytest.raises(ValueError, match="predictor"):
+        make_predictor("newton", 4, cfg())
+
+
+# ----------------------------------------------------------------- correction
+def test_fold_then_decayed_correction(rng):
+    w, decay = 0.5, 0.8
+    p = MomentumPredictor(64, cfg(momentum=0.0, correction_weight=w, history_decay=decay, residual_threshold=10.0))
+    g = vec(rng)
+    p.push(g, 0)
+    pred = p.predict(3, np.zeros(64, F32))          # = g (m = 0, no correction yet)
+    actual = g + 0.2 * vec(rng)
+    res = p.fold(actual, pred, 3)
+    e = actual.astype(np.float64) - g
+    assert res.step == 3 and not res.reset
+    assert res.relative_error == pytest.approx(np.linalg.norm(e) / np.linalg.norm(actual.astype(np.float64)), rel=1e-9)
+    a64 = actual.astype(np.float64)
+    assert res.cosine == pytest.approx(a64 @ g / np.linalg.norm(a64) / np.linalg.norm(g.astype(np.float64)), rel=1e-9)
+    np.testing.assert_allclose(p.correction, w * e, rtol=1e-6, atol=1e-7)
+    # applied to following predictions, decayed by history_decay per step
+    out = p.predict(5, np.zeros(64, F32))
+    np.testing.assert_allclose(out, g + decay ** 2 * w * e, rtol=1e-5, atol=1e-6)
+    # a second fold: c = decay^(t - t_c) c + w (a - p)
+    actual2 = g + 0.2 * vec(rng)
+    res2 = p.fold(actual2, out, 5)
+    assert not res2.reset
+    ref = decay ** 2 * (w * e) + w * (actual2.astype(np.float64) - out)
+    np.testing.assert_allclose(p.correction, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_large_error_resets_residual(rng):
+    p = MomentumPredictor(64, cfg(momentum=0.0, residual_threshold=0.5, correction_weight=1.0))
+    g = vec(rng)
+    p.push(g, 0)
+    pred = p.predict(1, np.zeros(64, F32))
+    p.fold(g + 0.1 * vec(rng), pred, 1)
+    assert np.any(p.correction != 0)
+    res = p.fold(-g, p.predict(2, np.zeros(64, F32)), 2)     # relative error ~2 > 0.5
+    assert res.reset and res.relative_error > 0.5 and res.cosine < 0
+    assert not np.any(p.correction) and p.correction_scale(3) == 0.0
+    np.testing.assert_array_equal(p.predict(3, np.zeros(64, F32)), g)
+
+
+def test_correction_weight_zero_learns_nothing(rng):
+    p = MomentumPredictor(64, cfg(correction_weight=0.0, residual_threshold=1e9))
+    g = vec(rng)
+    p.push(g, 0)
+    p.fold(vec(rng), p.predict(1, np.zeros(64, F32)), 1)
+    assert not np.any(p.correction)
+
+
+def test_fold_degenerate_vectors():
+    p = MomentumPredictor(4, cfg(residual_threshold=1e9))
+    z = np.zeros(4, F32)
+    p.push(z, 0)
+    res = p.fold(z, z, 1)
+    assert res.relative_error == 0.0 and res.cosine == 1.0
+    res = p.fold(z, np.ones(4, F32), 2)
+    assert math.isinf(res.relative_error) and res.cosine == 0.0 and res.reset
