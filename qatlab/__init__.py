@@ -17,3 +17,7 @@ from .runs import Run, RunResult, compare_ste, run_experiment, start_ste_compari
 from .nn import Gradients, Mlp, Scratch
 from .ternary_mlp import TernaryMLP
 from .train.ste import QatResult, SteTrainer
+from .train.phase import PhaseTrainer, StepInfo, TrainerStats, TrainingPhase, make_phase_trainer
+from .train.predictors import CorrectionResult, LeastSquaresPredictor, MomentumPredictor
+from .train.ternary_accumulator import TernaryGradientAccumulator
+from .train.vsa import VSABundle, VSAGradientCompressor, VSAReport

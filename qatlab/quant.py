@@ -490,6 +490,11 @@ def _sqnr_db(signal: float, noise: float) -> float:
     return 10.0 * math.log10(signal / noise)
 
 
+def _is_f32(a) -> bool:
+    """True for a C-contiguous float32 ndarray (the fast path needs no conversion)."""
+    return type(a) is np.ndarray and a.dtype == np.float32 and a.flags.c_contiguous
+
+
 def _out_buffer(out, shape, name):
     if out is None:
         return np.empty(shape, dtype=np.float32)
@@ -542,6 +547,11 @@ class TernaryQuantizer(param.Parameterized):
     def __init__(self, **params):
         super().__init__(**params)
         self.alpha = 1.0
+        self._code = self.ste.code
+
+    @param.depends("ste", watch=True)
+    def _cache_ste(self):
+        self._code = self.ste.code  # the hot path reads this plain attribute, not the Param
 
     def _args(self):
         f32 = np.float32
@@ -554,27 +564,34 @@ class TernaryQuantizer(param.Parameterized):
 
     def forward(self, w, out=None) -> np.ndarray:
         """``alpha * clamp(rint(w/alpha), -1, 1)`` with alpha = mean|w|; float32, shape of w."""
-        w = as_float32(w, "w")
+        if not _is_f32(w):
+            w = as_float32(w, "w")
+        if out is None or not _is_f32(out) or out.shape != w.shape:
+            out = _out_buffer(out, w.shape, "out")
         if w.size == 0:
             raise ValueError("w: cannot ternarize an empty array")
-        out = _out_buffer(out, w.shape, "out")
-        self.alpha = _absmean(w)
-        inv, s = self._args()
-        K.fq_forward(w.reshape(-1), inv, s, _ZERO, _MINUS_ONE, _ONE, out.reshape(-1))
+        alpha = K.ternary_forward(w.reshape(-1), out.reshape(-1))
+        if not math.isfinite(alpha):
+            raise ValueError("w: contains NaN or inf; cannot compute the absmean scale")
+        self.alpha = alpha
         return out
 
     __call__ = forward
 
     def backward(self, grad_output, w, out=None) -> np.ndarray:
         """STE gradient w.r.t. the latent ``w`` (same shape as ``grad_output``), float32."""
-        w = as_float32(w, "w")
-        g = as_float32(grad_output, "grad_output")
+        if not _is_f32(w):
+            w = as_float32(w, "w")
+        g = grad_output if _is_f32(grad_output) else as_float32(grad_output, "grad_output")
         if g.shape != w.shape:
             raise ValueError(f"grad_output: shape {g.shape} does not match w shape {w.shape}")
-        out = _out_buffer(out, w.shape, "out")
-        inv, _ = self._args()
-        K.fq_backward(w.reshape(-1), g.reshape(-1), self.ste.code, inv, _ZERO, _MINUS_ONE, _ONE, _ZERO, inv,
-                      out.reshape(-1))
+        if out is None or not _is_f32(out) or out.shape != w.shape:
+            out = _out_buffer(out, w.shape, "out")
+        if self._code == 0:  # identity: dx = g
+            if out is not g:
+                np.copyto(out, g)
+            return out
+        K.ternary_backward(w.reshape(-1), g.reshape(-1), self._code, self.alpha, out.reshape(-1))
         return out
 
     def fractions(self, w) -> tuple[float, float, float]:

@@ -26,11 +26,12 @@ def test_all_finite_kernel(rng):
         y[37] = bad
         assert not all_finite(y)
     assert all_finite(np.zeros(0, F32))
-    assert all_finite(np.full(3, np.finfo(F32).max, F32))
+    assert all_finite(np.array([np.finfo(F32).max, -np.finfo(F32).max, 1e-45, -0.0], F32))
 
 
-def test_sum_squares_kernel(rng):
-    x = vec(rng, 1000)
+@pytest.mark.parametrize("n", [0, 3, 8, 1003])
+def test_sum_squares_kernel(rng, n):
+    x = vec(rng, n)
     assert sum_squares(x) == pytest.approx(np.sum(x.astype(np.float64) ** 2), rel=1e-12)
 
 
@@ -42,14 +43,15 @@ def test_compare_vectors_kernel(rng):
     np.testing.assert_allclose(out, [a64 @ p64, a64 @ a64, p64 @ p64, (a64 - p64) @ (a64 - p64)], rtol=1e-12)
 
 
-def test_combine_history_kernel(rng):
-    hist = rng.standard_normal((5, 64)).astype(F32)
-    coeffs = rng.standard_normal(5)
+@pytest.mark.parametrize("h", [1, 2, 5])
+def test_combine_history_kernel(rng, h):
+    hist = rng.standard_normal((h, 64)).astype(F32)
+    coeffs = rng.standard_normal(h)
     corr = vec(rng)
     out = np.zeros(64, F32)
     combine_history(hist, coeffs, corr, 0.7, out)
     ref = 0.7 * corr.astype(np.float64)
-    for i in range(5):
+    for i in range(h):
         ref = ref + coeffs[i] * hist[i].astype(np.float64)
     np.testing.assert_array_equal(out, ref.astype(F32))
 

@@ -276,3 +276,26 @@ def ternary_trits(w, inv_alpha, out):
     for i in range(w.shape[0]):
         v = np.rint(w[i] * inv_alpha)
         out[i] = -1 if v < -1 else (1 if v > 1 else np.int8(v))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def ternary_forward(w, out):
+    """Absmean ternary projection in one call: alpha = max(float32(mean|w|), eps),
+    out[i] = alpha * clamp(rint(w[i] * float32(1/alpha)), -1, 1); w, out float32 (n,). Returns alpha
+    (NaN if w holds NaN/inf, and then out is left unwritten)."""
+    alpha = np.float32(abs_mean(w))
+    if not np.isfinite(alpha):
+        return np.nan
+    eps = np.float32(1.1920928955078125e-07)
+    if alpha < eps:
+        alpha = eps
+    fq_forward(w, np.float32(1.0) / alpha, alpha, np.float32(0.0), np.float32(-1.0), np.float32(1.0), out)
+    return alpha
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def ternary_backward(w, g, ste, alpha, out):
+    """STE of the ternary projection (s = alpha, qmax = 1, u = w/alpha); see :func:`fq_backward`.
+    alpha: the float32 value returned by :func:`ternary_forward` (passed as a Python float)."""
+    inv = np.float32(1.0) / np.float32(alpha)
+    fq_backward(w, g, ste, inv, np.float32(0.0), np.float32(-1.0), np.float32(1.0), np.float32(0.0), inv, out)

@@ -152,6 +152,7 @@ def train_experiment(cfg: ExperimentConfig, log: MetricsLog | None = None, repor
     step, t0, last_snap = 0, time.perf_counter(), -math.inf
     epoch_losses: list[float] = []
     test_loss = test_acc = math.nan
+    eval_seconds = 0.0
     for epoch in range(cfg.optim.epochs):
         order = rng.permutation(data.n_train)
         epoch_loss, epoch_rows = 0.0, 0
@@ -195,9 +196,11 @@ def train_experiment(cfg: ExperimentConfig, log: MetricsLog | None = None, repor
         if status != "finished":
             break
         epoch_losses.append(epoch_loss / max(epoch_rows, 1))
+        t_eval = time.perf_counter()
         test_loss, test_acc = evaluate(mlp, data.X_test, data.y_test, loss_fn, eval_scratch)
         _, train_acc = evaluate(mlp, data.X_train, data.y_train, loss_fn, eval_scratch)
         elapsed = time.perf_counter() - t0
+        eval_seconds += elapsed - (t_eval - t0)
         log.append({"step": step, "epoch": epoch + 1, "time": elapsed, "test_loss": test_loss,
                     "test_accuracy": test_acc, "train_accuracy": train_acc, "train_loss": epoch_losses[-1]})
     if report is not None:
@@ -207,7 +210,7 @@ def train_experiment(cfg: ExperimentConfig, log: MetricsLog | None = None, repor
         log.meta["phase_stats"] = phase.stats_dict()
     final = {"train_loss": epoch_losses[-1] if epoch_losses else math.nan, "test_loss": test_loss,
              "test_accuracy": test_acc, "seconds": seconds, "steps_per_second": step / seconds if seconds else 0.0,
-             "steps": step}
+             "steps": step, "train_seconds": seconds - eval_seconds}
     if phase is not None:
         final.update(phase.final())
     return RunResult(history=log.columns(), final=final, model=mlp, status=status, message=message,

@@ -35,7 +35,8 @@ class PhaseStepper:
     def step(self, xb: np.ndarray, yb: np.ndarray, update) -> float:
         """Forward (and, unless PREDICT, backward) on the batch, then ``update(flat_grads)``.
 
-        Returns the batch loss; a non-finite loss returns at once without updating.
+        Returns the batch loss. A non-finite loss returns at once without updating and leaves
+        the step open: the run ends as diverged (call ``trainer.reset()`` to reuse the trainer).
         """
         info = self.trainer.begin_step()
         mlp, scratch, grads = self.mlp, self.scratch, self.grads

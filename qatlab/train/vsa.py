@@ -22,8 +22,10 @@ n * k >> D::
     cosine(g_hat, g) ~= 0.89 / sqrt(1 + n / D)     e.g. n = 1e6, D = 8192: ~0.08;
                                                      n = 5e4, D = 4096: ~0.24
 
-(chance level is ~1 / sqrt(n)). ``compression_ratio`` sets k, i.e. the cost O(n k) of each
-compress / decompress and how Gaussian y is, not the expected cosine.
+(chance level is ~1 / sqrt(n); for n well below D the measured cosine is somewhat higher).
+``compression_ratio`` sets k, i.e. the cost O(n k) of each compress / decompress and how
+Gaussian y is, not the expected cosine: the defaults (D = 8192, ratio 0.1, k = 819) cost about
+10 s per call for 1M parameters on one core, ratio 0.001 (k = 8) about 0.1 s.
 """
 from __future__ import annotations
 

@@ -1,0 +1,290 @@
+"""The periodic pull: ``MetricsLog.since(cursor)`` -> ``ColumnDataSource.stream(batch, rollover=...)``.
+
+Each session (browser tab or notebook) owns one :class:`StreamHub`. For every run
+a view wants to show, the hub keeps one :class:`RunStream` holding that session's
+three ColumnDataSources for the run:
+
+``loss-source-<run id>``  (``RunStream.train``)
+    one row per logged training step: ``step``, ``epoch``, ``time``, ``loss``, ``lr``,
+    ``steps_per_second``, ``active_grad_fraction``, per layer ``grad_norm_<i>``,
+    ``noise_mse_<i>``, ``sqnr_db_<i>``, ``scale_<i>``, ``saturation_<i>``,
+    ``frac_neg_<i>``, ``frac_zero_<i>``, ``frac_pos_<i>``, the phase columns
+    (``phase``, ``backward_passes``, ``speedup_steps``, ``speedup_wall``, ``pred_error``,
+    ``pred_cosine``, ``full_len``, ``predict_len``) when phase training is on, ``k``
+    (index of the row among all training rows), and an EMA-smoothed copy
+    ``<column>_s`` of every column in :data:`SMOOTHED`.
+``eval-source-<run id>``  (``RunStream.eval``)
+    one row per epoch: ``step``, ``epoch``, ``time``, ``test_loss``, ``test_accuracy``,
+    ``train_accuracy``, ``train_loss``.
+``phase-source-<run id>``  (``RunStream.phases``)
+    one row per contiguous phase segment: ``left``/``right`` (steps), ``left_t``/``right_t``
+    (seconds), ``phase`` (code), ``label``, ``color``.
+
+Per tick :meth:`StreamHub.pull` asks each run's log only for the rows it has not
+seen and calls ``stream`` at most once per source (``patch`` once for the open
+phase segment). A run that is done and fully read costs one integer comparison.
+
+Display decimation: a training source holds at most :data:`DISPLAY_CAP` rows.
+When it would overflow, every other row is dropped (``k % (2 * stride) == 0`` is
+kept) and from then on only every ``stride``-th new row is streamed, so the
+whole history stays visible at bounded cost, like the MetricsLog's own thinning
+(the full log stays in the run, up to ``MetricsLog.capacity`` rows, default 100k).
+
+Thread rule: the hub is touched only on the session's event loop (the periodic
+callback or a widget callback). Training threads only append to MetricsLogs.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from bokeh.models import ColumnDataSource
+
+from .figures import PHASE_COLORS, PHASE_NAMES
+
+DISPLAY_CAP = 2000
+EVAL_CAP = 10_000
+PHASE_CAP = 5000
+
+BASE_COLUMNS = ("step", "epoch", "time", "loss", "lr", "steps_per_second", "active_grad_fraction")
+LAYER_METRICS = ("grad_norm", "noise_mse", "sqnr_db", "scale", "saturation", "frac_neg", "frac_zero", "frac_pos")
+PHASE_COLUMNS = ("phase", "backward_passes", "speedup_steps", "speedup_wall", "pred_error", "pred_cosine",
+                 "full_len", "predict_len")
+EVAL_COLUMNS = ("step", "epoch", "time", "test_loss", "test_accuracy", "train_accuracy", "train_loss")
+#: Column names (or prefixes ending in ``_``) that get an EMA-smoothed ``<name>_s`` copy.
+SMOOTHED = ("loss", "grad_norm_", "noise_mse_", "sqnr_db_", "active_grad_fraction", "pred_error")
+
+
+def n_layers_of(config) -> int:
+    """Number of weight layers of the MLP an ExperimentConfig describes."""
+    return len(config.model.hidden) + 1
+
+
+def train_columns(config) -> list[str]:
+    """Raw training columns a run of ``config`` logs (the source layout is fixed up front)."""
+    cols = list(BASE_COLUMNS)
+    for i in range(n_layers_of(config)):
+        cols += [f"{m}_{i}" for m in LAYER_METRICS]
+    if config.phase.enabled:
+        cols += list(PHASE_COLUMNS)
+    return cols
+
+
+def is_smoothed(column: str) -> bool:
+    """True for columns that get an ``_s`` (EMA) copy."""
+    return any(column == s or (s.endswith("_") and column.startswith(s)) for s in SMOOTHED)
+
+
+def ema(values: np.ndarray, weight: float, state: tuple[float, int] = (0.0, 0)):
+    """Debiased exponential moving average, as TensorBoard's smoothing slider computes it.
+
+    ``s_n = weight * s_{n-1} + (1 - weight) * x_n``, shown as ``s_n / (1 - weight**n)``;
+    non-finite inputs give NaN and leave the state alone.
+
+    Args:
+        values: array (k,) of new values.
+        weight: 0 (no smoothing) .. <1.
+        state: ``(s, n)`` carried over from the previous call.
+
+    Returns:
+        (smoothed array (k,), new state).
+    """
+    out = np.full(len(values), np.nan)
+    last, n = state
+    if weight <= 0.0:
+        finite = np.isfinite(values)
+        out[finite] = values[finite]
+        if finite.any():
+            last, n = float(values[finite][-1]), n + int(finite.sum())
+        return out, (last, n)
+    keep = 1.0 - weight
+    for j, x in enumerate(values.tolist()):
+        if math.isfinite(x):
+            last = weight * last + keep * x
+            n += 1
+            out[j] = last / (1.0 - weight ** n)
+    return out, (last, n)
+
+
+class RunStream:
+    """One session's view of one run: cursor into the run's log and its three sources.
+
+    Args:
+        run: a :class:`qatlab.runs.Run` (read only: ``log``, ``config``, ``id``, ``done``).
+        smoothing: initial EMA weight (0..0.99).
+        cap: most rows kept in the training source (thinned 2:1 beyond).
+    """
+
+    def __init__(self, run, smoothing: float = 0.0, cap: int = DISPLAY_CAP):
+        self.run = run
+        self.cap = cap
+        self.smoothing = float(smoothing)
+        self.columns = train_columns(run.config)
+        self.smoothed = [c for c in self.columns if is_smoothed(c)]
+        empty = np.zeros(0)
+        train = {c: empty for c in self.columns}
+        train.update({f"{c}_s": empty for c in self.smoothed})
+        train["k"] = empty
+        self.train = ColumnDataSource(train, name=f"loss-source-{run.id}")
+        self.eval = ColumnDataSource({c: empty for c in EVAL_COLUMNS}, name=f"eval-source-{run.id}")
+        self.phases = ColumnDataSource({"left": empty, "right": empty, "left_t": empty, "right_t": empty,
+                                        "phase": empty, "label": [], "color": []},
+                                       name=f"phase-source-{run.id}")
+        self.cursor = 0          # next MetricsLog row id to read
+        self.stride = 1          # stream every stride-th training row
+        self.k = 0               # training rows seen so far
+        self._ema = {c: (0.0, 0) for c in self.smoothed}
+        self._last_xy = (0.0, 0.0)   # (step, time) of the previous training row, for phase segments
+        self._open_phase = None      # phase code of the last (open) segment in self.phases
+        self.rows_seen = 0
+
+    @property
+    def exhausted(self) -> bool:
+        """The run is done and every row it logged has been read."""
+        return self.run.done and self.cursor >= self.run.log.total_rows
+
+    def pull(self) -> int:
+        """Read new rows from the run's log and stream them; returns the number of rows read."""
+        log = self.run.log
+        if log.total_rows <= self.cursor:
+            return 0
+        batch, self.cursor = log.since(self.cursor)
+        n = len(batch["row_id"])
+        if n == 0:
+            return 0
+        self.rows_seen += n
+        nan = np.full(n, np.nan)
+        is_eval = np.isfinite(batch.get("test_loss", nan)) | np.isfinite(batch.get("test_accuracy", nan))
+        if is_eval.any():
+            self.eval.stream({c: batch.get(c, nan)[is_eval] for c in EVAL_COLUMNS}, rollover=EVAL_CAP)
+        train = ~is_eval
+        if train.any():
+            rows = {c: batch.get(c, nan)[train] for c in self.columns}
+            self._stream_train(rows)
+            if "phase" in rows:
+                self._stream_phases(rows["step"], rows["time"], rows["phase"])
+        return n
+
+    def _stream_train(self, rows: dict) -> None:
+        m = len(rows["step"])
+        ks = np.arange(self.k, self.k + m, dtype=np.float64)
+        self.k += m
+        for c in self.smoothed:
+            rows[f"{c}_s"], self._ema[c] = ema(rows[c], self.smoothing, self._ema[c])
+        rows["k"] = ks
+        keep = ks % self.stride == 0
+        while len(self.train.data["k"]) + int(keep.sum()) > self.cap:
+            self._thin()
+            keep = ks % self.stride == 0
+        if keep.any():
+            self.train.stream({c: v[keep] for c, v in rows.items()}, rollover=self.cap)
+
+    def _thin(self) -> None:
+        """Drop every other displayed row and double the stride."""
+        data = self.train.data
+        mask = np.asarray(data["k"]) % (2 * self.stride) == 0
+        self.train.data = {c: np.asarray(v)[mask] for c, v in data.items()}
+        self.stride *= 2
+
+    def _stream_phases(self, steps, times, phases) -> None:
+        """Extend the open phase segment (patch) and stream the segments that begin in this batch."""
+        new: list[list] = []
+        extend = None
+        prev_s, prev_t = self._last_xy
+        for s, t, p in zip(steps.tolist(), times.tolist(), phases.tolist()):
+            if not math.isfinite(p):
+                continue
+            p = int(p)
+            current = new[-1][4] if new else self._open_phase
+            if current == p:
+                if new:
+                    new[-1][1], new[-1][3] = s, t
+                else:
+                    extend = (s, t)
+            else:
+                new.append([prev_s, s, prev_t, t, p])
+            prev_s, prev_t = s, t
+        self._last_xy = (prev_s, prev_t)
+        if extend is not None:
+            last = len(self.phases.data["left"]) - 1
+            if last >= 0:
+                self.phases.patch({"right": [(last, extend[0])], "right_t": [(last, extend[1])]})
+        if new:
+            self._open_phase = new[-1][4]
+            cols = np.array([row[:4] for row in new], dtype=np.float64)
+            codes = [row[4] for row in new]
+            self.phases.stream({"left": cols[:, 0], "right": cols[:, 1], "left_t": cols[:, 2],
+                                "right_t": cols[:, 3], "phase": np.array(codes, dtype=np.float64),
+                                "label": [PHASE_NAMES.get(c, str(c)) for c in codes],
+                                "color": [PHASE_COLORS.get(c, "#cccccc") for c in codes]},
+                               rollover=PHASE_CAP)
+
+    def set_smoothing(self, weight: float) -> None:
+        """Recompute every ``<column>_s`` over the displayed rows with a new EMA weight."""
+        self.smoothing = float(weight)
+        data = self.train.data
+        patch = {}
+        for c in self.smoothed:
+            patch[f"{c}_s"], self._ema[c] = ema(np.asarray(data[c], dtype=np.float64), self.smoothing)
+        if len(data["k"]):
+            self.train.data.update(patch)
+
+    def last(self, column: str, default: float = math.nan) -> float:
+        """Latest finite value of a training or eval column among the displayed rows."""
+        for src in (self.train, self.eval):
+            col = src.data.get(column)
+            if col is not None and len(col):
+                arr = np.asarray(col, dtype=np.float64)
+                finite = np.flatnonzero(np.isfinite(arr))
+                if len(finite):
+                    return float(arr[finite[-1]])
+        return default
+
+
+class StreamHub:
+    """All RunStreams of one session; :meth:`pull` is the body of the session's periodic callback.
+
+    Args:
+        smoothing: initial EMA weight applied to every stream.
+        cap: display cap per training source.
+    """
+
+    def __init__(self, smoothing: float = 0.0, cap: int = DISPLAY_CAP):
+        self.smoothing = float(smoothing)
+        self.cap = cap
+        self._streams: dict[str, RunStream] = {}
+        self.ticks = 0
+
+    def stream(self, run) -> RunStream:
+        """The RunStream of ``run`` (created, and filled with everything logged so far, on first use)."""
+        rs = self._streams.get(run.id)
+        if rs is None:
+            rs = self._streams[run.id] = RunStream(run, self.smoothing, self.cap)
+            rs.pull()
+        return rs
+
+    def __contains__(self, run_id: str) -> bool:
+        return run_id in self._streams
+
+    @property
+    def streams(self) -> list[RunStream]:
+        return list(self._streams.values())
+
+    def pull(self) -> int:
+        """One tick: stream new rows of every run; returns the number of rows read."""
+        self.ticks += 1
+        total = 0
+        for rs in list(self._streams.values()):
+            if not rs.exhausted:
+                total += rs.pull()
+        return total
+
+    def set_smoothing(self, weight: float) -> None:
+        """Change the EMA weight of every stream (recomputes the smoothed columns)."""
+        self.smoothing = float(weight)
+        for rs in self._streams.values():
+            rs.set_smoothing(weight)
+
+    def drop(self, run_id: str) -> None:
+        """Forget a run's stream (its sources are no longer updated)."""
+        self._streams.pop(run_id, None)
