@@ -218,37 +218,48 @@ def fq_lsq_scale_grad_pc(x, g, inv_s, zp, qmin, qmax, out):
                 out[ch] += np.float64(g[o, ch, i]) * np.float64(d)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "nsz"})
 def abs_mean(x):
-    """mean(|x|) over x float32 (n,), summed in float64 in 8 interleaved lanes (lane j takes
-    elements j, j+8, ...) so the loop vectorises while the order stays fixed; 0.0 for empty x."""
+    """mean(|x|) over x float32 (n,), summed in float64; 0.0 for empty x. `reassoc` lets LLVM
+    vectorise the sum (its order is fixed by the compiled code: deterministic on one machine);
+    NaN/inf still propagate."""
     n = x.shape[0]
-    acc = np.zeros(8)
-    m = n - n % 8
-    for i in range(0, m, 8):
-        for j in range(8):
-            acc[j] += abs(np.float64(x[i + j]))
-    for i in range(m, n):
-        acc[i - m] += abs(np.float64(x[i]))
-    total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+    total = 0.0
+    for i in range(n):
+        total += abs(np.float64(x[i]))
     return total / n if n else 0.0
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "nsz"})
+def all_finite(x):
+    """True when x float32 (n,) holds no NaN or inf (sum of x*0 is NaN otherwise; vectorised)."""
+    s = np.float32(0.0)
+    for i in range(x.shape[0]):
+        s += x[i] * np.float32(0.0)
+    return s == 0
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=True)
+def _minmax_finite(x):
+    lo = x[0]
+    hi = x[0]
+    for i in range(x.shape[0]):
+        lo = min(lo, x[i])
+        hi = max(hi, x[i])
+    return lo, hi
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def minmax(x):
-    """(min, max) of x float32 (n,) as float64, and whether every element is finite."""
-    lo = np.inf
-    hi = -np.inf
-    finite = True
-    for i in range(x.shape[0]):
-        v = np.float64(x[i])
-        if not np.isfinite(v):
-            finite = False
-        if v < lo:
-            lo = v
-        if v > hi:
-            hi = v
-    return lo, hi, finite
+    """(min, max) of x float32 (n >= 1,) as float64, and whether every element is finite.
+
+    The finiteness check runs first; only all-finite input reaches the min/max loop, which is
+    the one place `fastmath=True` is safe (it may assume no NaN/inf). (inf, -inf, False) otherwise.
+    """
+    if x.shape[0] == 0 or not all_finite(x):
+        return np.inf, -np.inf, x.shape[0] == 0
+    lo, hi = _minmax_finite(x)
+    return np.float64(lo), np.float64(hi), True
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -1,0 +1,189 @@
+"""The ``train`` and ``quality`` benchmark suites on tiny problems: structure of tables, goals and JSON.
+
+No timing assertions. Torch is hidden from the suites here (their torch-free path); the PyTorch
+reference implementations get their own small tests, skipped when torch is not installed.
+"""
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from qatlab import bench, bench_quality, bench_train
+from qatlab.benchkit import BenchOptions, load_suite
+from qatlab.ste import SteKind
+
+TINY_SHAPES = (((8, 16, 4), 4), ((8, 32, 4), 8))
+FAST = BenchOptions(quick=True, repeats=1, warmup=0, min_time=0.0)
+
+
+def _run(name, opts, tmp_path):
+    out = tmp_path / f"{name}.json"
+    stream = io.StringIO()
+    result = bench.run_suite(name, opts, out, stream=stream)
+    payload = json.loads(out.read_text())
+    return result, payload, stream.getvalue()
+
+
+def _check_goals(payload):
+    for g in payload["goals"]:
+        assert g["status"] in ("PASS", "MISS", "SKIP")
+        assert g["status"] == ("SKIP" if g["passed"] is None else ("PASS" if g["passed"] else "MISS"))
+
+
+# ----------------------------------------------------------------------------- train
+
+
+@pytest.fixture
+def tiny_train(monkeypatch):
+    monkeypatch.setattr(bench_train, "SHAPES", TINY_SHAPES)
+    monkeypatch.setattr(bench_train, "_import_torch", lambda: None)
+
+
+def test_train_suite_registered():
+    assert load_suite("train").fn is bench_train.run
+    assert load_suite("quality").fn is bench_quality.run
+
+
+def test_train_suite_quick_structure(tiny_train, tmp_path):
+    result, payload, text = _run("train", FAST, tmp_path)
+    assert payload["suite"] == "train"
+    titles = [t["title"] for t in payload["tables"]]
+    assert len(titles) == 3 and titles[0].startswith("ternary-QAT training step")
+    assert titles[1].startswith("breakdown") and titles[2].startswith("first call")
+
+    main = payload["tables"][0]
+    assert [r["shape"] for r in main["rows"]] == ["8-16-4 b4", "8-32-4 b8"]
+    for r in main["rows"]:
+        assert r["qatlab_ms"] > 0 and r["floor_ms"] > 0
+        assert r["x_floor"] == pytest.approx(r["qatlab_ms"] / r["floor_ms"])
+        assert "torch1_ms" not in r                                    # torch hidden: no torch columns
+        assert set(r["raw"]) == {"qatlab", "floor"}
+    keys = {c["key"] for c in main["columns"]}
+    assert {"qatlab_ms", "floor_ms", "x_floor", "torch1_ms", "torch1_x", "torchN_ms", "torchN_x"} <= keys
+
+    breakdown = payload["tables"][1]
+    pieces = [r["piece"] for r in breakdown["rows"]]
+    for _, label, _ in bench_train.BREAKDOWN:
+        assert label in pieces
+    assert any(p.startswith("glue") for p in pieces) and any(p.startswith("numpy floor") for p in pieces)
+    step_row = next(r for r in breakdown["rows"] if r["kind"] == "step")
+    assert step_row["8-16-4 b4_pct"] == pytest.approx(100.0)
+
+    first = payload["tables"][2]["rows"]
+    assert len(first) == 1 and "project cache" in first[0]["mode"]        # quick: one subprocess
+    for k in ("import_s", "build_s", "first_step_s", "second_step_s", "total_s"):
+        assert first[0][k] > 0
+
+    goals = {g["name"]: g for g in payload["goals"]}
+    floor_goals = [g for n, g in goals.items() if "numpy floor" in n]
+    assert len(floor_goals) == len(TINY_SHAPES)
+    assert all(g["status"] in ("PASS", "MISS") for g in floor_goals)
+    torch_goals = [g for n, g in goals.items() if "PyTorch" in n]
+    assert len(torch_goals) == 4 and all(g["status"] == "SKIP" for g in torch_goals)
+    _check_goals(payload)
+    assert "OPENBLAS_NUM_THREADS" in " ".join(payload["notes"])
+    assert payload["extra"]["torch_default_threads"] is None
+    assert "PASS" in text or "MISS" in text
+
+
+def test_qatlab_step_trains_and_floor_runs():
+    sizes, batch = (8, 16, 4), 16
+    x, labels = bench_train._data(sizes, batch)
+    step, mlp, grads = bench_train.make_qatlab_step(sizes, batch, x, labels)
+    losses = [step() for _ in range(30)]
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]      # fixed batch: it memorises
+    assert all(q.alpha > 0 for q in mlp.weight_quantizers)
+    bench_train.make_numpy_floor(sizes, batch, x)()
+    with pytest.raises(ValueError, match="sizes"):
+        bench_train.make_numpy_floor((8, 16, 16, 4), batch, np.zeros((batch, 8), np.float32))
+
+
+def test_first_call_cold_cache(tmp_path):
+    r = bench_train.first_call((8, 16, 4), 4, cache_dir=str(tmp_path))
+    assert r["total_s"] == pytest.approx(r["import_s"] + r["build_s"] + r["first_step_s"])
+    assert any(tmp_path.rglob("*.nbi"))                               # the child wrote its Numba cache there
+
+
+# ----------------------------------------------------------------------------- quality
+
+
+@pytest.fixture
+def tiny_quality(monkeypatch):
+    monkeypatch.setattr(bench_quality, "QUICK_EPOCHS", 1)
+    monkeypatch.setattr(bench_quality, "_import_torch", lambda: None)
+
+
+def test_quality_config_is_the_recipe():
+    cfg = bench_quality.make_config("fake", 4, "tanh")
+    assert (cfg.data.dataset, cfg.data.test_fraction, cfg.data.seed) == ("digits", 0.2, 0)
+    assert cfg.model.hidden == [256] and cfg.model.activation == "relu"
+    assert (cfg.quant.weights, cfg.quant.weight_bits, cfg.quant.ste) == ("fake", 4, SteKind.TANH)
+    o = cfg.optim
+    assert (o.optimizer, o.lr, o.schedule, o.epochs, o.batch_size, o.seed) == ("adam", 1e-2, "constant", 40, 64, 0)
+    assert cfg.phase.enabled is False
+
+
+def test_quality_suite_quick_structure(tiny_quality, tmp_path):
+    result, payload, text = _run("quality", FAST, tmp_path)
+    main, ste = payload["tables"]
+    assert [r["run"] for r in main["rows"]] == ["float", "8-bit fake", "4-bit fake", "ternary"]
+    for r in main["rows"]:
+        assert r["epochs"] == 1 and r["status"] == "finished"
+        assert 0.0 <= r["test_accuracy"] <= 1.0 and r["test_acc_pct"] == pytest.approx(100 * r["test_accuracy"])
+        assert r["test_loss"] > 0 and r["seconds"] > 0 and r["steps_per_second"] > 0
+        assert "torch_test_accuracy" not in r
+    assert {"torch_test_acc_pct", "delta_pp"} <= {c["key"] for c in main["columns"]}
+    assert main["rows"][0]["test_accuracy"] > 0.5                     # one epoch already learns digits
+
+    pairs = [(r["run"], r["ste"]) for r in ste["rows"]]
+    assert pairs == [(w, k.value) for w in ("ternary", "2-bit fake") for k in SteKind]
+    assert ste["rows"][0]["test_accuracy"] == main["rows"][3]["test_accuracy"]   # reused identity run
+    assert all(r["bits"] == 2 for r in ste["rows"][4:])
+
+    names = [g["name"] for g in payload["goals"]]
+    assert names == ["float test accuracy >= 97%", "8-bit fake test accuracy >= 97%",
+                     "4-bit fake test accuracy >= 97%", "ternary test accuracy >= 96%"]
+    assert all("quick run: 1 of 40 epochs" in g["measured"] for g in payload["goals"])
+    _check_goals(payload)
+    assert payload["notes"][0].startswith("QUICK RUN")
+    assert payload["extra"] == {"epochs": 1, "quick": True, "torch": False}
+
+
+# ----------------------------------------------------------------------------- torch references
+
+
+def test_torch_step_matches_qatlab(torch):
+    sizes, batch = (8, 16, 4), 8
+    x, labels = bench_train._data(sizes, batch)
+    check = bench_train._check_same_math(torch, sizes, batch, x, labels)
+    assert check["loss_rel_diff"] < 1e-5
+    assert check["grad_max_rel_diff"] < 1e-4
+
+
+def test_torch_reference_quant_and_train(torch):
+    from qatlab import bench_torch_ref as ref
+    from qatlab.data import make_synthetic
+    from qatlab.quant import FakeQuantize, TernaryQuantizer
+
+    w = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+    lin = ref.QuantLinear(8, 16, "ternary")
+    with torch.no_grad():
+        lin.weight.copy_(torch.from_numpy(w))
+    np.testing.assert_allclose(lin.quantized_weight().detach().numpy(), TernaryQuantizer().forward(w), rtol=1e-6)
+    lin4 = ref.QuantLinear(8, 16, "fake", bits=4)
+    with torch.no_grad():
+        lin4.weight.copy_(torch.from_numpy(w))
+    fq = FakeQuantize(bits=4, symmetric=True)
+    fq.calibrate(w)
+    np.testing.assert_array_equal(lin4.quantized_weight().detach().numpy(), fq.forward(w))
+    wq = lin4.quantized_weight()
+    wq.sum().backward()                                             # identity STE: gradient of sum is 1
+    np.testing.assert_array_equal(lin4.weight.grad.numpy(), np.ones_like(w))
+
+    ds = make_synthetic("classification", n_samples=200, n_features=8, n_classes=3, seed=0)
+    r = ref.train(ds, (8, 16, 3), "ternary", epochs=2, batch_size=32)
+    assert r["status"] == "finished" and r["steps"] == 2 * -(-ds.n_train // 32)
+    assert 0.0 <= r["test_accuracy"] <= 1.0 and r["seconds"] > 0
