@@ -199,6 +199,12 @@ class ExperimentConfig(_Config):
     phase = param.ClassSelector(class_=PhaseConfig, default=PhaseConfig(), instantiate=True)
     metrics_every = param.Integer(default=10, bounds=(1, 1_000_000), doc="Steps between metrics rows.")
 
+    def validate(self) -> None:
+        super().validate()
+        if self.phase.enabled and self.phase.gradient_accumulation > self.optim.batch_size:
+            raise ValueError(f"phase.gradient_accumulation: {self.phase.gradient_accumulation} micro-batches need "
+                             f"optim.batch_size >= that, got {self.optim.batch_size}")
+
 
 class QatConfig(_Config):
     """SteTrainer (2-layer ternary reference trainer) settings."""

@@ -6,10 +6,12 @@ cursor and get only the rows they have not seen. Columns are float64 numpy
 arrays grown by doubling; a column that first appears late is NaN-filled
 before that row, and a row that lacks a column gets NaN there.
 
-Memory is bounded: once ``capacity`` rows are stored the log keeps every other
-row (oldest detail first) and from then on stores every ``stride``-th row, so
-a run of any length holds at most ``capacity`` rows. Every row keeps its global
-``row_id``; cursors are row ids, so readers are never confused by thinning.
+Memory is bounded: once ``capacity`` rows are stored, the most numerous kind of
+row (rows with the same set of columns, e.g. per-step rows) keeps every other
+row and from then on stores half as many, so a run of any length holds at most
+``capacity`` rows while rare rows (per-epoch test metrics) are kept. Every row
+keeps its global ``row_id``; cursors are row ids, so readers are never confused
+by thinning.
 """
 from __future__ import annotations
 
@@ -37,20 +39,37 @@ class MetricsLog:
         self.meta: dict = {}
         self._lock = threading.Lock()
         self._cols: dict[str, np.ndarray] = {"row_id": np.empty(64)}
+        self._kind = np.empty(64, np.int64)   # per stored row: index of its key set ("kind")
+        self._seq = np.empty(64, np.int64)    # per stored row: its number among rows of that kind
+        self._kinds: dict[frozenset, int] = {}
+        self._count: list[int] = []           # rows ever appended, per kind
+        self._stride: list[int] = []          # store every stride-th row of a kind once thinned
         self._n = 0          # rows stored
         self._next_id = 0    # rows ever appended
-        self._stride = 1     # store every stride-th row once thinned
 
     def append(self, row: dict) -> None:
-        """Append one row: ``{column_name: number}``; non-finite values are kept as given."""
+        """Append one row: ``{column_name: number}``; non-finite values are kept as given.
+
+        A value that is not a real number raises ``TypeError`` naming its column; the log is
+        left untouched (no row id used, no column created).
+        """
+        for key, value in row.items():
+            if not isinstance(value, (int, float, np.integer, np.floating)):
+                raise TypeError(f"row[{key!r}]: expected a real number, got {type(value).__name__}")
         with self._lock:
             row_id = self._next_id
             self._next_id += 1
-            if row_id % self._stride:
+            kind = self._kinds.setdefault(frozenset(row), len(self._kinds))
+            if kind == len(self._count):
+                self._count.append(0)
+                self._stride.append(1)
+            seq = self._count[kind]
+            self._count[kind] += 1
+            if seq % self._stride[kind]:
                 return
             if self._n == self.capacity:
                 self._thin()
-                if row_id % self._stride:
+                if seq % self._stride[kind]:
                     return
             if self._n == len(self._cols["row_id"]):
                 self._grow()
@@ -65,6 +84,7 @@ class MetricsLog:
                 if key not in row:
                     col[n] = np.nan
             self._cols["row_id"][n] = row_id
+            self._kind[n], self._seq[n] = kind, seq
             self._n = n + 1
 
     def _grow(self) -> None:
@@ -73,15 +93,27 @@ class MetricsLog:
             grown = np.full(new_size, np.nan)
             grown[: self._n] = col[: self._n]
             self._cols[key] = grown
+        for name in ("_kind", "_seq"):
+            grown = np.zeros(new_size, np.int64)
+            grown[: self._n] = getattr(self, name)[: self._n]
+            setattr(self, name, grown)
 
     def _thin(self) -> None:
-        keep = self._cols["row_id"][: self._n] % (2 * self._stride) == 0
+        """Keep every other row of the kind that holds the most rows (rare kinds, such as the
+        per-epoch test rows, keep all their rows) and store half as many of it from now on."""
+        n = self._n
+        kinds = self._kind[:n]
+        target = int(np.argmax(np.bincount(kinds, minlength=len(self._count))))
+        stride = self._stride[target]
+        keep = (kinds != target) | (self._seq[:n] % (2 * stride) == 0)
         m = int(keep.sum())
         for col in self._cols.values():
-            col[:m] = col[: self._n][keep]
+            col[:m] = col[:n][keep]
             col[m:] = np.nan
+        self._kind[:m] = self._kind[:n][keep]
+        self._seq[:m] = self._seq[:n][keep]
         self._n = m
-        self._stride *= 2
+        self._stride[target] = 2 * stride
 
     def since(self, cursor: int = 0) -> tuple[dict[str, np.ndarray], int]:
         """Rows with ``row_id >= cursor`` as ``{column: array (k,)}`` copies, and the next cursor."""

@@ -81,7 +81,7 @@ class Run:
     """
 
     def __init__(self, config: ExperimentConfig, name: str | None = None, owner: str | None = None,
-                 keep_alive: bool = False, log_capacity: int | None = None):
+                 keep_alive: bool = False, log_capacity: int | None = None, register: bool = True):
         if not isinstance(config, ExperimentConfig):
             raise TypeError(f"config: expected an ExperimentConfig, got {type(config).__name__}")
         config.validate()
@@ -101,11 +101,13 @@ class Run:
         self.total_steps = 0
         self.steps_done = 0
         self._control = RunControl()
+        self._status_lock = threading.Lock()   # status check-and-set vs. the thread's final status
         self._thread: threading.Thread | None = None
         self._snapshot_lock = threading.Lock()
         self._weights: dict | None = None
-        with _registry_lock:
-            _registry.append(self)
+        if register:  # listed by all_runs() (the dashboard's Runs table) for the process's lifetime
+            with _registry_lock:
+                _registry.append(self)
 
     # ------------------------------------------------------------------ control
 
@@ -126,15 +128,17 @@ class Run:
 
     def pause(self) -> None:
         """Hold the loop between steps."""
-        if self.status == "running":
-            self._control._running.clear()
-            self.status = "paused"
+        with self._status_lock:
+            if self.status == "running":
+                self._control._running.clear()
+                self.status = "paused"
 
     def resume(self) -> None:
         """Continue a paused run."""
-        if self.status == "paused":
-            self.status = "running"
-            self._control._running.set()
+        with self._status_lock:
+            if self.status == "paused":
+                self.status = "running"
+                self._control._running.set()
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the thread; True when it has ended (or never started)."""
@@ -190,13 +194,13 @@ class Run:
         try:
             self.result = train_experiment(self.config, self.log, report=self._report,
                                            publish_weights=self._publish_weights)
-            self.message = self.result.message
-            self.status = self.result.status
+            status, message = self.result.status, self.result.message
         except Exception:  # a failed run must never take the process down
-            self.message = traceback.format_exc()
-            self.status = "failed"
-        finally:
+            status, message = "failed", traceback.format_exc()
+        with self._status_lock:  # a concurrent pause()/resume() must not overwrite the final status
             self.finished_at = time.time()
+            self.message = message
+            self.status = status
 
     def summary(self) -> dict:
         """One table row: id, name, status, progress and final metrics plus flattened config."""
@@ -217,20 +221,43 @@ class Run:
 
 
 def run_experiment(config: ExperimentConfig) -> RunResult:
-    """Train ``config`` in the calling thread and return its RunResult (history, final, model)."""
-    run = Run(config)
+    """Train ``config`` and return its RunResult (history, final, model); blocks until done.
+
+    Training runs on a worker thread (not listed in ``all_runs()``); Ctrl-C stops it cleanly.
+    """
+    run = Run(config, register=False)
     run.start()
-    run.join()
+    _join_or_stop([run])
     if run.result is None:
         return RunResult(history=run.log.columns(), final={}, status=run.status, message=run.message,
                          config=run.config.to_dict())
     return run.result
 
 
+def _join_or_stop(runs) -> None:
+    """Wait for every run; on KeyboardInterrupt stop and join them all, then re-raise."""
+    try:
+        for run in runs:
+            run.join()
+    except KeyboardInterrupt:
+        for run in runs:
+            run.stop()
+        for run in runs:
+            run.join()
+        raise
+
+
 def start_ste_comparison(config: ExperimentConfig, kinds=None, owner: str | None = None,
-                         group: str | None = None) -> dict[SteKind, Run]:
-    """Start one Run per SteKind (same seed and data; only ``quant.ste`` differs), concurrently."""
-    kinds = [SteKind(k) for k in (kinds if kinds is not None else list(SteKind))]
+                         group: str | None = None, register: bool = True) -> dict[SteKind, Run]:
+    """Start one Run per SteKind (same seed and data; only ``quant.ste`` differs), concurrently.
+
+    kinds: None (all four), one SteKind/name, or a list of them.
+    """
+    if kinds is None:
+        kinds = list(SteKind)
+    elif isinstance(kinds, str):
+        kinds = [kinds]
+    kinds = list(dict.fromkeys(SteKind(k) for k in kinds))
     if not kinds:
         raise ValueError("kinds: give at least one SteKind")
     runs = {}
@@ -238,7 +265,7 @@ def start_ste_comparison(config: ExperimentConfig, kinds=None, owner: str | None
         cfg = config.copy()
         cfg.quant.ste = kind.value
         name = f"{group + ' ' if group else ''}{kind.value}"
-        runs[kind] = Run(cfg, name=name, owner=owner)
+        runs[kind] = Run(cfg, name=name, owner=owner, register=register)
     for run in runs.values():
         run.start()
     return runs
@@ -246,10 +273,10 @@ def start_ste_comparison(config: ExperimentConfig, kinds=None, owner: str | None
 
 def compare_ste(config: ExperimentConfig, kinds=None) -> dict[SteKind, RunResult]:
     """Train ``config`` once per SteKind concurrently and return ``{SteKind: RunResult}``."""
-    runs = start_ste_comparison(config, kinds)
+    runs = start_ste_comparison(config, kinds, register=False)
+    _join_or_stop(runs.values())
     results = {}
     for kind, run in runs.items():
-        run.join()
         results[kind] = run.result or RunResult(history=run.log.columns(), final={}, status=run.status,
                                                 message=run.message)
     return results

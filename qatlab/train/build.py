@@ -6,7 +6,8 @@ Weight quantizers (``QuantConfig.weights``):
 * ``fake``: ``FakeQuantize(weight_bits, symmetric)``, per-tensor or per output row
   (``per_channel``). ``scale_mode="observer"`` re-reads the min/max of the latent
   weights every step (``MovingAverageMinMaxObserver(1.0)``: the current range);
-  ``scale_mode="lsq"`` learns the scale (LSQ), initialised to ``2 mean|W| / sqrt(qmax)``.
+  ``scale_mode="lsq"`` learns the scale (LSQ), initialised to ``2 mean|W| / sqrt(qmax - zp)``
+  with zero point ``zp`` 0 (symmetric) or ``2^(b-1)`` (affine: the grid is centred on 0).
 * ``ternary``: ``TernaryQuantizer`` (absmean).
 
 Activation quantizers (``activations="fake"``): an affine ``FakeQuantize`` per hidden
@@ -36,10 +37,13 @@ def weight_quantizer(cfg: ExperimentConfig, w: np.ndarray):
     if q.scale_mode == "observer":
         fq.observer_enabled = True
         return fq
-    _, qmax = fq.quant_range()
+    qmin, qmax = fq.quant_range()
+    # Affine: centre the integer grid on 0 (zero point 2^(b-1)), else every negative latent would
+    # quantize to 0 (the affine range is [0, 2^b - 1]). Symmetric: zero point 0.
+    zp = 0 if q.symmetric else (qmin + qmax + 1) // 2
     absmean = np.abs(w).mean(axis=1) if axis == 0 else np.abs(w).mean()
-    scale = np.maximum(2.0 * absmean / math.sqrt(max(qmax, 1)), 1e-6).astype(np.float32)
-    fq.update_params(scale if axis == 0 else float(scale), np.zeros(len(w), np.int64) if axis == 0 else 0)
+    scale = np.maximum(2.0 * absmean / math.sqrt(max(qmax - zp, 1)), 1e-6).astype(np.float32)
+    fq.update_params(scale if axis == 0 else float(scale), np.full(len(w), zp, np.int64) if axis == 0 else zp)
     fq.learn_scale = True
     return fq
 

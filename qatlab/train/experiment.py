@@ -66,25 +66,31 @@ def _lsq_quantizers(mlp: Mlp) -> list[FakeQuantize]:
 
 
 class _LsqScales:
-    """The LSQ scales of every quantizer as one flat float32 parameter, stepped by its own optimizer."""
+    """The LSQ scales of every quantizer, learned in log space by their own optimizer.
+
+    The optimizer sees ``log s`` and the gradient ``dL/d(log s) = s dL/ds``, so a step changes a
+    scale by a relative amount (~lr) whatever its size; stepping ``s`` itself with Adam moves an
+    8-bit scale of ~0.02 by ~lr = 0.01 per step and collapses it.
+    """
 
     def __init__(self, quantizers, cfg, steps_per_epoch):
         self.quantizers = quantizers
         self.sizes = [np.size(q.scale) for q in quantizers]
-        self.params = np.concatenate([np.atleast_1d(q.scale).astype(np.float32) for q in quantizers])
-        self.grads = np.zeros_like(self.params)
-        self.opt = make_optimizer(cfg.optim, self.params, steps_per_epoch)
+        scales = np.concatenate([np.atleast_1d(q.scale).astype(np.float32) for q in quantizers])
+        self.log_scales = np.log(scales)
+        self.grads = np.zeros_like(self.log_scales)
+        self.opt = make_optimizer(cfg.optim, self.log_scales, steps_per_epoch)
 
     def step(self) -> None:
         i = 0
         for q, n in zip(self.quantizers, self.sizes):
-            self.grads[i: i + n] = q.scale_grad
+            self.grads[i: i + n] = q.scale_grad * np.atleast_1d(q.scale)
             i += n
         self.opt.step(self.grads)
-        np.maximum(self.params, FLOAT32_EPS, out=self.params)
+        scales = np.maximum(np.exp(self.log_scales), FLOAT32_EPS)
         i = 0
         for q, n in zip(self.quantizers, self.sizes):
-            s = self.params[i: i + n]
+            s = scales[i: i + n]
             q.update_params(s.copy() if np.ndim(q.scale) else float(s[0]), q.zero_point)
             i += n
 
