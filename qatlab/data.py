@@ -23,6 +23,7 @@ import math
 import numbers
 import os
 import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -286,7 +287,7 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
             arrays = {k: f[k] for k in ("X", "y", "X_test", "y_test") if k in keys}
     except ValueError as e:  # e.g. object arrays, which would need pickle
         raise ValueError(f"{path}: cannot read as .npz without pickle: {e}") from None
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zipfile.BadZipFile) as e:
         raise ValueError(f"{path}: not a readable .npz file: {e}") from None
     for key in ("X", "y"):
         if key not in arrays:
