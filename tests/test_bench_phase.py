@@ -1,0 +1,151 @@
+"""The ``phase`` benchmark suite on a tiny synthetic workload: tables, goals, notes and JSON.
+
+No timing assertions: only structure, the arithmetic that links columns, and the goal rule.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import pytest
+
+from qatlab import bench, bench_phase
+from qatlab import config as C
+from qatlab.benchkit import BenchOptions, load_suite
+
+FAST = BenchOptions(quick=True, repeats=1, warmup=0, min_time=0.0)
+
+
+def tiny_workload(goal: bool = True) -> bench_phase.Workload:
+    """16-16-10 on 240 synthetic samples, batch 16, 3 epochs: 36 steps, one FULL + predict cycle."""
+    return bench_phase.synthetic_workload(epochs=3, n_samples=240, n_features=16, hidden=16,
+                                          batch_size=16, goal=goal)
+
+
+@pytest.fixture
+def tiny_suite(monkeypatch):
+    monkeypatch.setattr(bench_phase, "default_workloads", lambda quick: [tiny_workload()])
+
+
+def _run_cli(tmp_path, opts=FAST):
+    out = tmp_path / "phase.json"
+    stream = io.StringIO()
+    result = bench.run_suite("phase", opts, out, stream=stream)
+    return result, json.loads(out.read_text()), stream.getvalue()
+
+
+def test_suite_registered():
+    assert load_suite("phase").fn is bench_phase.run
+
+
+def test_default_workloads():
+    digits, synth = bench_phase.default_workloads(quick=False)
+    assert digits.key == "digits" and digits.goal and not synth.goal
+    d = digits.config
+    default = C.ExperimentConfig()
+    assert d.to_dict() == default.to_dict()           # the defaults are the defaults
+    assert d.data.dataset == "digits" and d.model.hidden == [256] and d.quant.weights == "ternary"
+    assert d.optim.epochs == 40 and d.optim.batch_size == 64 and d.optim.lr == 1e-2 and d.optim.seed == 0
+    s = synth.config
+    assert (s.data.dataset, s.data.n_features, s.data.n_classes, s.data.n_samples) == ("synthetic", 784, 10, 4000)
+    assert s.model.hidden == [1024] and s.quant.weights == "ternary" and s.optim.epochs == 10
+    assert "784-1024-10" in synth.label and "10 epochs" in synth.label
+    (quick,) = bench_phase.default_workloads(quick=True)
+    assert quick.key == "digits" and quick.config.optim.epochs == bench_phase.QUICK_DIGITS_EPOCHS
+
+
+def test_variant_config_applies_overrides_only():
+    base = C.ExperimentConfig()
+    by = {v.key: v for v in bench_phase.VARIANTS}
+    full = bench_phase.variant_config(base, by["full"])
+    assert full.phase.enabled is False
+    dflt = bench_phase.variant_config(base, by["phase"])
+    expected = C.PhaseConfig(enabled=True)
+    assert dflt.phase.to_dict() == expected.to_dict()   # phase row = PhaseConfig defaults, untuned
+    m0 = bench_phase.variant_config(base, by["diag_m0"], epochs=2)
+    assert m0.phase.prediction.momentum == 0.0 and m0.optim.epochs == 2
+    assert base.phase.enabled is False and base.phase.prediction.momentum == 0.9   # base untouched
+    ls = bench_phase.variant_config(base, by["phase_ls_fixed"])
+    assert ls.phase.predictor == "least_squares" and ls.phase.adaptive_phases is False
+    assert by["diag_m0"].applies_to(bench_phase.digits_workload())
+    assert not by["diag_m0"].applies_to(tiny_workload())
+
+
+def test_goal_rule():
+    judge = bench_phase._judge
+    assert judge({"wall_speedup": 1.5, "acc_delta_pp": -1.0})
+    assert judge({"wall_speedup": 2.0, "acc_delta_pp": 0.5})
+    assert not judge({"wall_speedup": 1.49, "acc_delta_pp": 0.0})
+    assert not judge({"wall_speedup": 3.0, "acc_delta_pp": -1.01})
+    assert not judge({"wall_speedup": 3.0, "acc_delta_pp": 1.5})    # either direction counts
+    assert not judge({"wall_speedup": math.nan, "acc_delta_pp": 0.0})
+
+
+def test_suite_tiny_structure_and_json(tiny_suite, tmp_path):
+    result, payload, text = _run_cli(tmp_path)
+    assert payload["suite"] == "phase"
+    titles = [t["title"] for t in payload["tables"]]
+    assert len(titles) == 3
+    assert "phase training vs full backprop" in titles[0] and "where the time goes" in titles[1]
+    assert titles[2].startswith("component costs")
+
+    rows = payload["tables"][0]["rows"]
+    keys = [r["variant"] for r in rows]
+    assert keys == ["full", "phase", "phase_ls", "phase_fixed", "phase_ls_fixed", "control"]  # no diag: not digits
+    base = rows[0]
+    assert base["wall_speedup"] == pytest.approx(1.0) and base["acc_delta_pp"] == 0.0
+    assert base["backward_passes"] == base["steps"] == 36 and base["verdict"] is None
+    for r in rows:
+        assert r["steps"] == base["steps"]                      # same epochs and data
+        assert r["deterministic"] is True and r["repeats"] == 1
+        assert r["train_seconds"] > 0
+        assert r["wall_speedup"] == pytest.approx(base["train_seconds"] / r["train_seconds"])
+        assert r["acc_delta_pp"] == pytest.approx(100 * (r["test_accuracy"] - base["test_accuracy"]))
+        assert r["step_speedup"] == pytest.approx(r["steps"] / r["backward_passes"])
+        assert 0.0 <= r["test_accuracy"] <= 1.0 and math.isfinite(r["test_loss"])
+    for r in rows[1:5]:
+        assert r["kind"] == "phase" and r["backward_passes"] < r["steps"]
+        assert r["verdict"] in ("PASS", "MISS") and r["verdict"] == ("PASS" if r["goal_passed"] else "MISS")
+        assert r["cosine_n"] >= 1 and -1.0 <= r["cosine"] <= 1.0      # at least one CORRECT step logged
+        assert r["corrections"] >= 1 and r["ms_backward_step"] > 0 and r["ms_predict_step"] > 0
+    control = rows[5]
+    assert control["kind"] == "control" and control["backward_passes"] == control["steps"]
+    assert control["verdict"] is None and control["goal_passed"] is None
+
+    time_rows = payload["tables"][1]["rows"]
+    assert [r["variant"] for r in time_rows] == keys
+    comp = payload["tables"][2]["rows"]
+    assert len(comp) == 1 and comp[0]["workload"] == "synthetic"
+    for k in ("forward_loss_ms", "backward_ms", "optimizer_ms", "predict_momentum_ms",
+              "predict_least_squares_ms", "metrics_row_ms", "max_speedup"):
+        assert comp[0][k] > 0
+
+    goals = payload["goals"]
+    assert [g["name"] for g in goals] == [f"{r['label']} on synthetic [quick]" for r in rows[1:5]]
+    for g, r in zip(goals, rows[1:5]):
+        assert g["status"] == ("PASS" if r["goal_passed"] else "MISS")
+        assert "wall-clock" in g["measured"] and "pp accuracy" in g["measured"] and "cosine" in g["measured"]
+        assert g["target"] == "wall-clock >= 1.5x and |Δacc| <= 1 pp"
+    assert any(n.startswith("why (synthetic [quick])") and "cosine" in n for n in payload["notes"])
+    assert any(n.startswith("QUICK run") for n in payload["notes"])
+    assert payload["extra"]["workloads"]["synthetic"]["config"]["phase"]["enabled"] is False
+    assert "MISS" in text or "PASS" in text
+    json.dumps(payload, allow_nan=False)                         # strict JSON
+
+
+def test_non_goal_workload_reports_in_notes(tmp_path):
+    res = bench_phase.run_phase_bench([tiny_workload(goal=False)], FAST, repeats=2, warmup_epochs=0,
+                                      variants=bench_phase.VARIANTS[:2])
+    assert res.goals == []
+    assert any("no goal on this workload" in n and "phase (defaults) on synthetic" in n for n in res.notes)
+    row = res.tables[0].rows[1]
+    assert row["repeats"] == 2 and len(row["train_seconds_samples"]) == 2
+    assert "[quick]" not in res.tables[0].title
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="repeats"):
+        bench_phase.run_phase_bench([tiny_workload()], FAST, repeats=0)
+    with pytest.raises(ValueError, match="first variant"):
+        bench_phase.run_phase_bench([tiny_workload()], FAST, repeats=1, variants=bench_phase.VARIANTS[1:])
