@@ -6,12 +6,17 @@ owns its hub, then :meth:`LiveView.refresh` for the non-streamed parts: tables,
 histograms, status text). Changing ``log_y`` or ``x_axis`` rebuilds the view's
 figures from the same sources (Bokeh cannot swap a live figure's scale type).
 
+Per tick, all Bokeh events go to the browser as one message (``pn.io.hold``); status text
+is throttled to about 2 Hz (:class:`Throttle`).
+
 Notebook use: a view built without a hub owns one; displaying it starts its own
-~10 Hz periodic callback (``start_streaming``), so curves move inline.
+~10 Hz periodic callback (``start_streaming``) and each tick is pushed with
+``pn.io.push_notebook``, so curves move inline.
 """
 from __future__ import annotations
 
 import logging
+import time
 
 import panel as pn
 import param
@@ -21,6 +26,22 @@ from .streaming import StreamHub
 log = logging.getLogger(__name__)
 
 PERIOD_MS = 100
+TEXT_PERIOD = 0.5  # seconds between updates of status/progress text (each update re-lays out the page)
+
+
+class Throttle:
+    """``ready()`` is True at most once per ``period`` seconds (or when forced)."""
+
+    def __init__(self, period: float = TEXT_PERIOD):
+        self.period = period
+        self._next = 0.0
+
+    def ready(self, force: bool = False) -> bool:
+        now = time.monotonic()
+        if force or now >= self._next:
+            self._next = now + self.period
+            return True
+        return False
 
 
 class PlotOptions(param.Parameterized):
@@ -34,10 +55,10 @@ class PlotOptions(param.Parameterized):
     def controls(self) -> pn.Row:
         """Widgets: ``Smoothing`` slider, ``Log-scale y`` checkbox, ``x axis`` radio buttons."""
         return pn.Row(
-            pn.widgets.FloatSlider.from_param(self.param.smoothing, name="Smoothing (EMA)", width=220),
-            pn.widgets.Checkbox.from_param(self.param.log_y, name="Log-scale y", align="center"),
-            pn.widgets.RadioButtonGroup.from_param(self.param.x_axis, name="x axis", align="center",
-                                                   button_type="default"),
+            pn.widgets.FloatSlider.from_param(self.param.smoothing, label="Smoothing (EMA)", width=220),
+            pn.widgets.Checkbox.from_param(self.param.log_y, label="Log-scale y", align="center"),
+            pn.widgets.RadioButtonGroup.from_param(self.param.x_axis, label="x axis", align="center",
+                                                   color="default"),
             sizing_mode="stretch_width", css_classes=["qatlab-plot-controls"])
 
 
@@ -47,14 +68,20 @@ class LiveView(pn.viewable.Viewer):
     Args:
         hub: the session's StreamHub; None creates (and owns) one.
         options: the session's PlotOptions; None creates one.
+        lazy: build figures only while the view is active (``set_active``); the Dashboard makes
+            hidden tabs lazy so a Start rebuilds only the visible tab.
     """
 
-    def __init__(self, hub: StreamHub | None = None, options: PlotOptions | None = None, **params):
+    def __init__(self, hub: StreamHub | None = None, options: PlotOptions | None = None, lazy: bool = False,
+                 **params):
         super().__init__(**params)
+        self._active = not lazy
+        self._stale = False
         self._owns_hub = hub is None
         self.options = options if options is not None else PlotOptions()
         self.hub = hub if hub is not None else StreamHub(self.options.smoothing)
         self._periodic = None
+        self._root = None
         self.options.param.watch(self._on_layout_option, ["log_y", "x_axis"])
         if self._owns_hub:
             self.options.param.watch(lambda e: self.hub.set_smoothing(e.new), "smoothing")
@@ -69,10 +96,14 @@ class LiveView(pn.viewable.Viewer):
     def refresh(self) -> None:
         """Update the non-streamed parts (status text, tables, histograms). Cheap when nothing changed."""
 
+    def shown_runs(self) -> list:
+        """Runs whose sources this view displays (the Dashboard streams only the visible tab's runs)."""
+        return []
+
     def start_streaming(self, period: int = PERIOD_MS):
         """Start a periodic callback calling :meth:`pull` (idempotent); returns it."""
         if self._periodic is None:
-            self._periodic = pn.state.add_periodic_callback(self._safe_pull, period=period)
+            self._periodic = periodic_callback(self._safe_pull, period)
         return self._periodic
 
     def stop_streaming(self) -> None:
@@ -83,13 +114,31 @@ class LiveView(pn.viewable.Viewer):
 
     def _safe_pull(self) -> None:
         try:
-            self.pull()
+            with pn.io.hold():   # all of this tick's events go to the browser as one message
+                self.pull()
+            if self._root is not None and not in_server_session():
+                pn.io.push_notebook(self._root)   # notebook: Bokeh model edits need an explicit push
         except Exception:  # a bad tick must never kill the session's callback
             log.exception("qatlab: streaming tick failed")
 
     # -------------------------------------------------------------- figures
     def _on_layout_option(self, *_events) -> None:
-        self.rebuild()
+        self.request_rebuild()
+
+    def request_rebuild(self) -> None:
+        """Rebuild now if the view is active, else when it next becomes active."""
+        if self._active:
+            self._stale = False
+            self.rebuild()
+        else:
+            self._stale = True
+
+    def set_active(self, active: bool) -> None:
+        """Mark the view shown/hidden; a pending rebuild runs when it is shown."""
+        self._active = bool(active)
+        if self._active and self._stale:
+            self._stale = False
+            self.rebuild()
 
     def rebuild(self) -> None:
         """Recreate the figures (after a run, log_y or x_axis change)."""
@@ -104,7 +153,30 @@ class LiveView(pn.viewable.Viewer):
     def __panel__(self):
         if self._owns_hub:
             self.start_streaming()
-        return self._panel()
+        if self._root is None:
+            self._root = self._panel()
+        return self._root
+
+
+def in_server_session() -> bool:
+    """True inside a ``panel serve`` / ``pn.serve`` session (False in notebooks and plain Python)."""
+    doc = pn.state.curdoc
+    return doc is not None and getattr(doc, "session_context", None) is not None
+
+
+def periodic_callback(callback, period: int = PERIOD_MS):
+    """Start a session-scoped ``pn.io.PeriodicCallback`` that does not toggle ``pn.state.busy``.
+
+    ``pn.state.add_periodic_callback`` marks the session busy on every tick, which makes the
+    template's busy spinner flicker and sends two extra messages per tick; ``background=True``
+    skips that. Otherwise identical (registered per document, stopped on session destroy).
+    """
+    cb = pn.io.PeriodicCallback(callback=callback, period=period, background=True)
+    cb.start()
+    doc = pn.state.curdoc
+    if doc is not None:
+        pn.state._periodic.setdefault(doc, []).append(cb)
+    return cb
 
 
 def bokeh_pane(fig, **kwargs) -> pn.pane.Bokeh:

@@ -1,0 +1,21 @@
+"""qatlab dashboard app: ``panel serve app/`` serves it at http://localhost:5006/app.
+
+Composition only: one :class:`qatlab.ui.Dashboard` per session inside a FastListTemplate
+whose fonts and CSS are all served locally (see :mod:`qatlab.ui.theme`).
+"""
+import pathlib
+import sys
+
+import panel as pn
+
+try:
+    import qatlab  # noqa: F401  (installed with `pip install -e .`, as `make serve` does)
+except ImportError:  # served from a plain checkout: the package sits next to app/
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from qatlab.ui import Dashboard, template_kwargs  # noqa: E402
+
+pn.extension("tabulator", notifications=True)
+
+dashboard = Dashboard()
+pn.template.FastListTemplate(sidebar=[dashboard.sidebar], main=[dashboard.main], **template_kwargs()).servable()

@@ -1,0 +1,945 @@
+"""``python -m qatlab.bench dashboard``: the live dashboard under load, measured in a real browser.
+
+Headless Chromium (Debian's ``/usr/bin/chromium``, driven by Playwright's sync API) talks to
+``panel serve app/`` -- the product itself, in its own process -- started with
+``--setup`` pointing at a tiny *inspector*: a JSON endpoint on a second port, inside the server
+process, that reports ``qatlab.runs.all_runs()`` (status, steps, start/finish times, config),
+live thread names, the sessions' Dashboards (closed? streaming?) and the process RSS, and can
+run a headless comparison in that same process. The app itself is unchanged. The browser runs
+on the same cores as the server; its rendering load is part of what is measured.
+
+(a) Streaming cost, update rate, memory
+    * Four runs, headless vs streaming to one page. One round = the four ``Compare STE kinds``
+      runs of a fixed config started headless *in the server process* (``start_ste_comparison``
+      through the inspector, no page open), then the same config started from a page by
+      pressing ``Compare STE kinds`` (epochs typed into the sidebar). Throughput of a condition =
+      total steps of its four runs / (last finish - first start), from the server's own Run
+      timestamps. The page's runs are checked to have exactly the headless config. Rounds
+      alternate; the goal uses the median of the per-round ratios (page / headless).
+    * Updates per second: during each page round a 20 ms ``setInterval`` in the page polls the
+      length of each run's ``loss-source-<run id>`` in ``Bokeh.documents``; a change is one
+      update the page has applied. Rate of a source = (changes - 1) / (last change - first
+      change); the goal uses the slowest of the four sources (median over rounds). A page whose
+      main thread is saturated applies fewer updates, and this measures that.
+    * Memory: a run started from the page with ``Metrics every (steps) = 1`` (every step is a
+      logged row) streams to the open page; the server's RSS is read when the run has logged
+      ``mem_lo`` and ``mem_hi`` steps (10k and 100k; --quick: 4k and 20k).
+(b) Sessions: ``sessions`` pages (8; --quick: 4) open at once, each types a small epoch count and
+    presses ``Compare STE kinds``. A probe thread GETs a small static file from the server every
+    0.25 s meanwhile. Every page must show ``Status: finished``; after the pages close (the
+    server runs with ``--check-unused-sessions 1000 --unused-session-lifetime 20000``, so a
+    closed page's session is destroyed 20-21 s later), no run may be running, no ``run-*``
+    thread alive, and every session's Dashboard closed and not streaming. Then a page starts a long comparison and is closed mid-run: its
+    four runs must stop (``stopped``) and their threads end.
+(c) Divergence: from a page, ``sgd`` at learning rate 100 (default model, cross-entropy) is
+    recorded as it ends (informational), then the same with ``Loss = mse``, which is expected to
+    reach ``diverged``; the page must show it, and afterwards a fresh page must load and a short
+    run must finish.
+
+``--quick`` runs one round with a shorter config, fewer sessions and a smaller memory span; its
+goal names say so. The suite is unavailable (``SuiteNotAvailable``) when Playwright or chromium
+is missing.
+
+The browser helpers here (:func:`launch_chromium`, :class:`AppServer`, :class:`DashboardPage`)
+are shared with ``tests/ui/test_browser.py``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from .benchkit import BenchOptions, Column, Goal, SuiteNotAvailable, SuiteResult, Table, suite
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = os.environ.get("QATLAB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+VIEWPORT = {"width": 1400, "height": 900}
+STEPS_PER_EPOCH = 23        # digits: 1437 training samples / batch 64, rounded up
+DONE = ("finished", "stopped", "diverged", "failed")
+INSPECT_ENV = "QATLAB_INSPECT_PORT"
+
+# A closed page's session is destroyed (and its runs stopped) once it has been unused this long.
+# Shorter than the time a page takes to connect its websocket is wrong: Bokeh then discards the
+# session and recreates it on connect without Panel's template variables, and that page loads its
+# CSS from cdn.holoviz.org (seen with 1 s under load). Bokeh's default is 15 s, checked every 17 s.
+CHECK_UNUSED_MS = 1000
+UNUSED_LIFETIME_MS = 20_000
+
+GOAL_RATIO = 0.80
+GOAL_UPDATES = 5.0
+GOAL_MEM_PCT = 10.0
+GOAL_PROBE_S = 2.0
+
+FULL = dict(rounds=3, epochs=150, mem_lo=10_000, mem_hi=100_000, sessions=8, session_epochs=10)
+QUICK = dict(rounds=1, epochs=60, mem_lo=4_000, mem_hi=20_000, sessions=4, session_epochs=5)
+
+
+# ============================================================================ browser plumbing
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on localhost."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def browser_unavailable() -> str | None:
+    """Why the browser cannot run here (None when Playwright and chromium are both present)."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError as exc:
+        return f"playwright (python) is not importable: {exc}"
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        return f"chromium not found at {CHROMIUM} (apt-get install chromium, or set QATLAB_CHROMIUM)"
+    return None
+
+
+def launch_chromium(playwright):
+    """Headless Debian chromium through Playwright (never Playwright's own downloaded browsers)."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+
+
+def _http_status(url: str, timeout: float = 5.0) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            resp.read()
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+class AppServer:
+    """``panel serve app/ --port <free port> --warm`` in a subprocess started from the repository root.
+
+    ``url`` is ``http://localhost:<port>/app``; ``probe_url`` a small static file of the same
+    server. :meth:`start` waits until the app answers 200 (or raises ``RuntimeError`` with the
+    server's log tail); :meth:`stop` terminates it (``kill`` after ``grace`` seconds). With
+    ``inspect=True`` the server also runs the inspector (see the module doc) on ``inspect_port``.
+    Usable as a context manager.
+    """
+
+    def __init__(self, root: Path = ROOT, port: int | None = None, extra_args=(), inspect: bool = False,
+                 startup_timeout: float = 120.0):
+        self.root = Path(root)
+        self.port = port or free_port()
+        self.url = f"http://localhost:{self.port}/app"
+        self.probe_url = f"http://localhost:{self.port}/static/extensions/panel/css/button.css"
+        self.extra_args = list(extra_args)
+        self.inspect_port = free_port() if inspect else None
+        self.startup_timeout = startup_timeout
+        self.proc: subprocess.Popen | None = None
+        self._log = tempfile.NamedTemporaryFile(prefix="qatlab-serve-", suffix=".log", delete=False)
+        self.log_path = Path(self._log.name)
+        self._setup: Path | None = None
+
+    def start(self) -> "AppServer":
+        cmd = [sys.executable, "-m", "panel", "serve", "app/", "--port", str(self.port), "--warm",
+               "--allow-websocket-origin", f"localhost:{self.port}",
+               "--allow-websocket-origin", f"127.0.0.1:{self.port}", *self.extra_args]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")]))
+        if self.inspect_port:
+            fd, name = tempfile.mkstemp(prefix="qatlab-inspector-", suffix=".py")
+            with os.fdopen(fd, "w") as f:
+                f.write("from qatlab.bench_dashboard import serve_inspector\nserve_inspector()\n")
+            self._setup = Path(name)
+            cmd += ["--setup", name]
+            env[INSPECT_ENV] = str(self.inspect_port)
+        self.proc = subprocess.Popen(cmd, cwd=self.root, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"panel serve exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if _http_status(self.url, timeout=5.0) == 200:
+                return self
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"panel serve did not answer {self.url} within {self.startup_timeout:.0f} s:\n"
+                           f"{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(grace)
+        self._log.close()
+        if self._setup is not None:
+            self._setup.unlink(missing_ok=True)
+
+    # ---------------------------------------------------------------- inspector client
+    def inspect(self, path: str = "/state", timeout: float = 30.0) -> dict:
+        """GET the inspector's JSON (``/state`` or ``/headless?epochs=N``)."""
+        if not self.inspect_port:
+            raise RuntimeError("AppServer: started without inspect=True")
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.inspect_port}{path}", timeout=timeout) as resp:
+            return json.loads(resp.read())
+
+    def runs(self) -> dict[str, dict]:
+        """``{run id: run dict}`` of every Run in the server process."""
+        return {r["id"]: r for r in self.inspect()["runs"]}
+
+    def __enter__(self) -> "AppServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# ============================================================================ inspector (server side)
+
+
+def _run_dict(run) -> dict:
+    return {"id": run.id, "name": run.name, "owner": run.owner, "status": run.status,
+            "steps_done": run.steps_done, "total_steps": run.total_steps, "started_at": run.started_at,
+            "finished_at": run.finished_at, "message": (run.message or "")[-300:],
+            "config": run.config.to_dict(), "log_rows": len(run.log), "log_nbytes": run.log.nbytes}
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _inspector_state() -> dict:
+    import sys as _sys
+    from .runs import all_runs
+    ui = _sys.modules.get("qatlab.ui")
+    dashboards = [{"key": id(d), "owner": d.owner, "closed": bool(d.closed), "streaming": bool(d.streaming)}
+                  for d in list(ui.DASHBOARDS)] if ui is not None else []
+    return {"time": time.time(), "rss": _rss_bytes(), "runs": [_run_dict(r) for r in all_runs()],
+            "threads": sorted(t.name for t in threading.enumerate()), "dashboards": dashboards}
+
+
+def _inspector_headless(epochs: int) -> dict:
+    from .runs import start_ste_comparison
+    runs = list(start_ste_comparison(_config(epochs), owner="bench-headless").values())
+    for r in runs:
+        r.join()
+    return {"runs": [_run_dict(r) for r in runs]}
+
+
+def serve_inspector(port: int | None = None) -> threading.Thread:
+    """Serve the inspector's JSON on ``127.0.0.1:port`` (default ``$QATLAB_INSPECT_PORT``) in a daemon thread.
+
+    Meant for ``panel serve --setup``: it runs inside the server process and reads that
+    process's runs, threads and Dashboards. Read-only except ``/headless?epochs=N``, which
+    trains one headless STE comparison there and returns its runs.
+    """
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlsplit
+
+    port = int(port or os.environ[INSPECT_ENV])
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server API
+            url = urlsplit(self.path)
+            try:
+                if url.path == "/state":
+                    body = _inspector_state()
+                elif url.path == "/headless":
+                    body = _inspector_headless(int(parse_qs(url.query)["epochs"][0]))
+                else:
+                    self.send_error(404)
+                    return
+                data = json.dumps(body).encode()
+                self.send_response(200)
+            except Exception as exc:  # noqa: BLE001 - reported to the client
+                data = json.dumps({"error": repr(exc)}).encode()
+                self.send_response(500)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):  # quiet
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, name="qatlab-inspector", daemon=True)
+    thread.start()
+    return thread
+
+
+def _config(epochs: int, metrics_every: int = 10):
+    from .config import ExperimentConfig
+    cfg = ExperimentConfig()
+    cfg.optim.epochs = epochs
+    cfg.metrics_every = metrics_every
+    return cfg
+
+
+_JS_SOURCES = """(prefix) => {
+  const out = {};
+  for (const doc of Bokeh.documents) {
+    for (const m of doc.all_models) {
+      if (typeof m.name === 'string' && m.name.startsWith(prefix) && m.data != null) {
+        const cols = Object.keys(m.data);
+        out[m.name] = cols.length ? m.data[cols[0]].length : 0;
+      }
+    }
+  }
+  return out;
+}"""
+
+_JS_MODEL_NAMES = """(prefix) => {
+  const out = [];
+  for (const doc of Bokeh.documents)
+    for (const m of doc.all_models)
+      if (typeof m.name === 'string' && m.name.startsWith(prefix)) out.push(m.name);
+  return out.sort();
+}"""
+
+_JS_INPUT_VALUE = """(title) => {
+  for (const doc of Bokeh.documents)
+    for (const m of doc.all_models)
+      if (m.title === title && 'value' in m) return m.value;
+  return null;
+}"""
+
+_JS_TEXT_WALK = """const parts = [];
+  const walk = (n) => {
+    if (n.shadowRoot) walk(n.shadowRoot);
+    for (const c of n.childNodes) {
+      if (c.nodeType === 3) parts.push(c.textContent);
+      else if (c.nodeType === 1 && c.tagName === 'BR') parts.push('\\n');
+      else if (c.nodeType === 1 && !['STYLE', 'SCRIPT', 'LINK', 'TEMPLATE'].includes(c.tagName)) walk(c);
+      else if (c.nodeType === 11) walk(c);
+    }
+  };"""
+
+_JS_TEXT = "(el) => { " + _JS_TEXT_WALK + " walk(el); return parts.join(' '); }"
+_JS_BODY_TEXT = "() => { " + _JS_TEXT_WALK + " walk(document.body); return parts.join(' '); }"
+
+_JS_POLL_START = """(prefix) => {
+  window.__qatlab_poll && clearInterval(window.__qatlab_poll);
+  const seen = {}, changes = {};
+  window.__qatlab_changes = changes;
+  window.__qatlab_poll = setInterval(() => {
+    const now = performance.now();
+    for (const doc of Bokeh.documents) for (const m of doc.all_models) {
+      if (typeof m.name !== 'string' || !m.name.startsWith(prefix) || m.data == null) continue;
+      const cols = Object.keys(m.data);
+      const n = cols.length ? m.data[cols[0]].length : 0;
+      if (seen[m.name] !== n) {
+        if (seen[m.name] !== undefined || n > 0) (changes[m.name] = changes[m.name] || []).push([now, n]);
+        seen[m.name] = n;
+      }
+    }
+  }, 20);
+  return true;
+}"""
+
+_JS_POLL_STOP = """() => { clearInterval(window.__qatlab_poll); window.__qatlab_poll = null;
+  return window.__qatlab_changes || {}; }"""
+
+
+class DashboardPage:
+    """One dashboard page driven through its stable labels (see ``qatlab.ui``'s docstrings).
+
+    Records console errors, page errors and every request URL / websocket URL, so a test can
+    assert the page stayed error-free and air-gapped.
+    """
+
+    def __init__(self, page, url: str):
+        self.page = page
+        self.url = url
+        self.console_errors: list[str] = []
+        self.requests: list[str] = []
+        self.websockets: list[str] = []
+        page.on("console", lambda m: self.console_errors.append(f"console.{m.type}: {m.text}")
+                if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.console_errors.append(f"pageerror: {e}"))
+        page.on("request", lambda r: self.requests.append(r.url))
+        page.on("requestfailed", lambda r: self.console_errors.append(f"request failed: {r.url} ({r.failure})"))
+        page.on("websocket", lambda ws: self.websockets.append(ws.url))
+
+    def open(self, timeout: float = 60.0) -> "DashboardPage":
+        """Navigate and wait until the Bokeh document is rendered and ``Start`` is visible."""
+        self.page.goto(self.url, timeout=timeout * 1000)
+        return self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 60.0) -> "DashboardPage":
+        self.page.wait_for_function("() => window.Bokeh && Bokeh.documents && Bokeh.documents.length > 0",
+                                    timeout=timeout * 1000)
+        self.button("Start").wait_for(state="visible", timeout=timeout * 1000)
+        return self
+
+    # --------------------------------------------------------------------- widgets
+    def button(self, name: str):
+        return self.page.get_by_role("button", name=name, exact=True)
+
+    def click(self, name: str) -> None:
+        self.button(name).click()
+
+    def set_input(self, label: str, value, timeout: float = 10.0) -> None:
+        """Type ``value`` into the numeric/text input labelled ``label`` and commit it (Enter)."""
+        box = self.page.get_by_label(label, exact=True)
+        box.fill(str(value))
+        box.press("Enter")
+        self._wait_value(label, value, timeout)
+
+    def select(self, label: str, option: str, timeout: float = 10.0) -> None:
+        """Choose ``option`` in the select labelled ``label``."""
+        self.page.get_by_label(label, exact=True).select_option(option)
+        self._wait_value(label, option, timeout)
+
+    def _wait_value(self, label: str, value, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        got = None
+        while time.monotonic() < deadline:
+            got = self.page.evaluate(_JS_INPUT_VALUE, label)
+            if got is not None and (str(got) == str(value) or _close(got, value)):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"widget {label!r}: value is {got!r} in the page, expected {value!r}")
+
+    # --------------------------------------------------------------------- reading
+    def text_of(self, css: str) -> str:
+        """Text of the first element matching ``css`` (shadow roots included), whitespace collapsed."""
+        return " ".join(self.page.locator(css).first.evaluate(_JS_TEXT).split())
+
+    def status(self) -> str:
+        """The sidebar status without its ``Status:`` prefix or messages, e.g. ``running (2 running, 2 finished)``."""
+        first = " ".join(self.page.locator(".qatlab-status").first.evaluate(_JS_TEXT).split("\n")[0].split())
+        return first.split("Status:", 1)[1].strip() if "Status:" in first else first
+
+    def wait_status(self, predicate, timeout: float = 60.0, what: str = "") -> str:
+        deadline = time.monotonic() + timeout
+        status = ""
+        while time.monotonic() < deadline:
+            status = self.status()
+            if predicate(status):
+                return status
+            time.sleep(0.1)
+        raise AssertionError(f"status did not become {what or predicate} within {timeout:.0f} s: {status!r}")
+
+    def source_lengths(self, prefix: str = "loss-source-") -> dict[str, int]:
+        """``{model name: rows}`` of every ColumnDataSource in ``Bokeh.documents`` named ``prefix...``."""
+        return self.page.evaluate(_JS_SOURCES, prefix)
+
+    def model_names(self, prefix: str) -> list[str]:
+        return self.page.evaluate(_JS_MODEL_NAMES, prefix)
+
+    def start_update_counter(self, prefix: str = "loss-source-") -> None:
+        """Poll source lengths every 20 ms in the page, recording each change."""
+        self.page.evaluate(_JS_POLL_START, prefix)
+
+    def stop_update_counter(self) -> dict[str, list]:
+        """``{source name: [[t_ms, rows], ...]}`` recorded since :meth:`start_update_counter`."""
+        return self.page.evaluate(_JS_POLL_STOP)
+
+    def body_text(self) -> str:
+        """All text in the page, shadow roots included."""
+        return " ".join(self.page.evaluate(_JS_BODY_TEXT).split())
+
+
+def _close(a, b) -> bool:
+    try:
+        return math.isclose(float(a), float(b), rel_tol=1e-9)
+    except (TypeError, ValueError):
+        return False
+
+
+def update_rates(changes: dict[str, list]) -> dict[str, float]:
+    """Updates per second of each source from ``[[t_ms, rows], ...]`` change records."""
+    rates = {}
+    for name, rec in changes.items():
+        if len(rec) >= 2 and rec[-1][0] > rec[0][0]:
+            rates[name] = (len(rec) - 1) / ((rec[-1][0] - rec[0][0]) / 1000.0)
+        else:
+            rates[name] = math.nan
+    return rates
+
+
+# ============================================================================ measurements
+
+
+def _wait(predicate, timeout: float, step: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return bool(predicate())
+
+
+def _group_throughput(runs: list[dict]) -> dict:
+    """Total steps / (last finish - first start) of run dicts from the inspector."""
+    steps = sum(r["steps_done"] for r in runs)
+    t0 = min(r["started_at"] for r in runs)
+    t1 = max(r["finished_at"] or time.time() for r in runs)
+    wall = t1 - t0
+    return {"steps": steps, "wall_s": wall, "steps_per_s": steps / wall if wall > 0 else math.nan,
+            "statuses": sorted({r["status"] for r in runs}), "ids": [r["id"] for r in runs]}
+
+
+def _new_runs(server: AppServer, before: set, count: int, timeout: float = 60.0) -> list[dict]:
+    """The ``count`` runs created after ``before`` once all have started (Start creates, then starts)."""
+    new: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        new = [r for rid, r in server.runs().items() if rid not in before]
+        if len(new) >= count and all(r["started_at"] is not None for r in new):
+            return new
+        time.sleep(0.1)
+    raise AssertionError(f"expected {count} new started runs on the server, found {len(new)}")
+
+
+def _wait_done(server: AppServer, ids, timeout: float) -> list[dict]:
+    """Poll until every run in ``ids`` has ended; returns their dicts (possibly unfinished on timeout)."""
+    ids = list(ids)
+    runs: dict = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = server.runs()
+        if all(runs[i]["status"] in DONE for i in ids):
+            break
+        time.sleep(0.2)
+    return [runs[i] for i in ids]
+
+
+def _without_ste(cfg: dict) -> dict:
+    """A config dict with ``quant.ste`` blanked (the one field a comparison varies)."""
+    return {**cfg, "quant": {**cfg["quant"], "ste": None}}
+
+
+def _headless_four(server: AppServer, epochs: int) -> dict:
+    return _group_throughput(server.inspect(f"/headless?epochs={epochs}", timeout=900)["runs"])
+
+
+def _page_four(browser, server: AppServer, epochs: int, timeout: float) -> dict:
+    ctx = browser.new_context(viewport=VIEWPORT)
+    try:
+        dp = DashboardPage(ctx.new_page(), server.url).open()
+        dp.set_input("Epochs", epochs)
+        before = set(server.runs())
+        dp.start_update_counter("loss-source-")
+        dp.click("Compare STE kinds")
+        ids = [r["id"] for r in _new_runs(server, before, 4)]
+        runs = _wait_done(server, ids, timeout)
+        out = _group_throughput(runs)
+        shown = dp.wait_status(lambda s: s in DONE, timeout=timeout, what="done")   # the page catches up
+        time.sleep(0.5)   # let the last tick arrive
+        changes = {k: v for k, v in dp.stop_update_counter().items() if k.removeprefix("loss-source-") in ids}
+        want = _without_ste(_config(epochs).to_dict())
+        out.update(rates=update_rates(changes), sources=len(changes), page_status=shown,
+                   same_config=all(_without_ste(r["config"]) == want for r in runs),
+                   console_errors=list(dp.console_errors))
+        return out
+    finally:
+        ctx.close()
+
+
+def _memory(browser, server: AppServer, lo: int, hi: int, timeout: float) -> dict:
+    epochs = hi // STEPS_PER_EPOCH + 20
+    ctx = browser.new_context(viewport=VIEWPORT)
+    samples, points = [], {}
+    try:
+        dp = DashboardPage(ctx.new_page(), server.url).open()
+        dp.set_input("Epochs", epochs)
+        dp.set_input("Metrics every (steps)", 1)
+        before = set(server.runs())
+        dp.click("Start")
+        rid = _new_runs(server, before, 1)[0]["id"]
+        t0 = time.monotonic()
+        run = {}
+        while time.monotonic() < t0 + timeout:
+            state = server.inspect()
+            run = next(r for r in state["runs"] if r["id"] == rid)
+            steps = run["steps_done"]
+            samples.append({"t": round(time.monotonic() - t0, 2), "steps": steps, "rss": state["rss"],
+                            "log_nbytes": run["log_nbytes"]})
+            if "lo" not in points and steps >= lo:
+                points["lo"] = samples[-1]
+            if steps >= hi:
+                points["hi"] = samples[-1]
+                break
+            if run["status"] in DONE:
+                break
+            time.sleep(0.5)
+        page_rows = max(dp.source_lengths(f"loss-source-{rid}").values() or [0])
+        dp.click("Stop")
+        run = _wait_done(server, [rid], 60)[0]
+        return {"points": points, "samples": samples, "page_rows": page_rows, "run": rid, "status": run["status"],
+                "log_rows": run["log_rows"], "seconds": time.monotonic() - t0,
+                "console_errors": list(dp.console_errors)}
+    finally:
+        ctx.close()
+
+
+class _Prober(threading.Thread):
+    """GETs ``url`` every ``period`` s; records (latency, status) until stopped."""
+
+    def __init__(self, url: str, period: float = 0.25, timeout: float = 10.0):
+        super().__init__(name="qatlab-bench-prober", daemon=True)
+        self.url, self.period, self.timeout = url, period, timeout
+        self.results: list[tuple[float, int | None]] = []
+        self.started: list[float] = []       # time.monotonic() at which each probe was sent
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            t = time.perf_counter()
+            self.started.append(time.monotonic())
+            status = _http_status(self.url, timeout=self.timeout)
+            self.results.append((time.perf_counter() - t, status))
+            self._halt.wait(self.period)
+
+    def slow(self, t0: float, phases: dict[str, float], limit: float) -> list[dict]:
+        """Probes slower than ``limit`` s: when they were sent (s after ``t0``) and in which phase."""
+        out = []
+        for sent, (lat, status) in zip(self.started, self.results):
+            if lat >= limit or status != 200:
+                phase = max((name for name, at in phases.items() if at <= sent), key=phases.get, default="start")
+                out.append({"sent_s": round(sent - t0, 2), "latency_s": round(lat, 2), "status": status,
+                            "phase": phase})
+        return out
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(self.timeout + 1)
+
+
+def _leftovers(server: AppServer, dash_before: set) -> dict:
+    """What is still alive on the server: streaming/open Dashboards (new since ``dash_before``), run threads, active runs."""
+    state = server.inspect()
+    return {"dashboards": [d for d in state["dashboards"] if d["key"] not in dash_before
+                           and (not d["closed"] or d["streaming"])],
+            "threads": [t for t in state["threads"] if t.startswith("run-")],
+            "active": [r["id"] for r in state["runs"] if r["status"] in ("running", "paused", "created")]}
+
+
+def _sessions(browser, server: AppServer, n: int, epochs: int, timeout: float) -> dict:
+    dash_before = {d["key"] for d in server.inspect()["dashboards"]}
+    prober = _Prober(server.probe_url)
+    prober.start()
+    ctxs, pages = [], []
+    out: dict = {"n": n}
+    t0 = time.monotonic()
+    phases = {"opening pages": t0}
+    try:
+        for _ in range(n):          # navigate all at once; then wait for each
+            ctx = browser.new_context(viewport={"width": 1200, "height": 800})
+            page = ctx.new_page()
+            page.goto(server.url, wait_until="commit", timeout=120_000)
+            ctxs.append(ctx)
+            pages.append(DashboardPage(page, server.url))
+        for dp in pages:
+            dp.wait_ready(timeout=180)
+        out["load_s"] = time.monotonic() - t0
+        phases["pages loaded, typing epochs"] = time.monotonic()
+        for dp in pages:
+            dp.set_input("Epochs", epochs)
+        before = set(server.runs())
+        phases["clicking Compare STE kinds"] = time.monotonic()
+        for dp in pages:
+            dp.click("Compare STE kinds")
+        ids = [r["id"] for r in _new_runs(server, before, 4 * n, timeout=120)]
+        phases["runs training"] = time.monotonic()
+        out["runs"] = len(ids)
+        runs = _wait_done(server, ids, timeout)
+        phases["runs done, pages catching up"] = time.monotonic()
+        out["run_statuses"] = sorted({r["status"] for r in runs})
+        out["train_s"] = max(r["finished_at"] or time.time() for r in runs) - min(r["started_at"] for r in runs)
+        seen = []
+        for dp in pages:
+            try:
+                seen.append(dp.wait_status(lambda s: s in DONE, timeout=timeout, what="done"))
+            except AssertionError as exc:
+                seen.append(str(exc))
+        out["page_status"] = seen
+        out["pages_finished"] = sum(1 for s in seen if s == "finished")
+        out["page_catchup_s"] = time.monotonic() - t0 - out["load_s"]
+        out["console_errors"] = [e for dp in pages for e in dp.console_errors]
+    finally:
+        for ctx in ctxs:
+            ctx.close()
+    # --- after close: sessions destroyed, nothing running
+    t_close = time.monotonic()
+    phases["pages closed"] = t_close
+    _wait(lambda: not any(_leftovers(server, dash_before).values()), timeout=UNUSED_LIFETIME_MS / 1000 + 60, step=0.25)
+    left = _leftovers(server, dash_before)
+    out.update(cleanup_s=time.monotonic() - t_close, left=left, cleanup_ok=not any(left.values()))
+
+    # --- a session closed mid-comparison: its runs must stop
+    dash_before = {d["key"] for d in server.inspect()["dashboards"]}
+    phases["mid-run close check"] = time.monotonic()
+    ctx = browser.new_context(viewport=VIEWPORT)
+    try:
+        dp = DashboardPage(ctx.new_page(), server.url).open()
+        dp.set_input("Epochs", 5000)
+        before = set(server.runs())
+        dp.click("Compare STE kinds")
+        mid = [r["id"] for r in _new_runs(server, before, 4)]
+        _wait(lambda: all(server.runs()[i]["steps_done"] > 0 for i in mid), timeout=60)
+    finally:
+        ctx.close()
+    t_close = time.monotonic()
+    runs = _wait_done(server, mid, UNUSED_LIFETIME_MS / 1000 + 60)
+    _wait(lambda: not any(_leftovers(server, dash_before).values()), timeout=60, step=0.25)
+    out["midrun_stop_s"] = time.monotonic() - t_close
+    out["midrun_statuses"] = sorted({r["status"] for r in runs})
+    out["midrun_left"] = _leftovers(server, dash_before)
+    out["midrun_ok"] = out["midrun_statuses"] == ["stopped"] and not any(out["midrun_left"].values())
+    prober.stop()
+    lat = [t for t, _ in prober.results]
+    out["probes"] = len(prober.results)
+    out["probes_failed"] = sum(1 for _, s in prober.results if s != 200)
+    out["probe_max_s"] = max(lat) if lat else math.nan
+    out["probe_p50_s"] = statistics.median(lat) if lat else math.nan
+    out["slow_probes"] = prober.slow(t0, phases, GOAL_PROBE_S)
+    out["phases_s"] = {k: round(v - t0, 2) for k, v in phases.items()}
+    return out
+
+
+def _start_and_wait(dp: DashboardPage, server: AppServer, timeout: float = 120.0) -> dict:
+    """Press ``Start``; wait for the new run to end on the server and for the page to show its status."""
+    before = set(server.runs())
+    dp.click("Start")
+    rid = _new_runs(server, before, 1)[0]["id"]
+    run = _wait_done(server, [rid], timeout)[0]
+    out = {"run": rid, "server_status": run["status"], "message": run["message"]}
+    shown = _wait(lambda: rid in dp.text_of(".qatlab-run-alert") and run["status"] in dp.text_of(".qatlab-run-alert"),
+                  timeout=timeout, step=0.2)
+    out["alert"] = dp.text_of(".qatlab-run-alert")
+    out["page_status"] = dp.status() if shown else f"page never showed {run['status']}: {out['alert'][:120]}"
+    return out
+
+
+def _divergence(browser, server: AppServer) -> dict:
+    out: dict = {}
+    ctx = browser.new_context(viewport=VIEWPORT)
+    try:
+        dp = DashboardPage(ctx.new_page(), server.url).open()
+        dp.select("Optimizer", "sgd")
+        dp.set_input("Learning rate", 100)
+        dp.set_input("Epochs", 5)
+        out["ce"] = _start_and_wait(dp, server)
+        dp.select("Loss", "mse")
+        out["mse"] = _start_and_wait(dp, server)
+        out["traceback_in_page"] = "Traceback" in dp.body_text()
+        out["console_errors"] = list(dp.console_errors)
+    finally:
+        ctx.close()
+    # the server keeps serving: a fresh page loads and a short run finishes
+    out["http_after"] = _http_status(server.url, timeout=10)
+    ctx = browser.new_context(viewport=VIEWPORT)
+    try:
+        dp = DashboardPage(ctx.new_page(), server.url).open()
+        dp.set_input("Epochs", 3)
+        out["after"] = _start_and_wait(dp, server)
+    except Exception as exc:  # noqa: BLE001 - reported as a miss
+        out["after"] = {"page_status": f"error: {exc}", "server_status": "?"}
+    finally:
+        ctx.close()
+    return out
+
+
+# ============================================================================ the suite
+
+
+def _throughput_part(browser, server, p, tag):
+    rounds = []
+    for i in range(p["rounds"]):
+        h = _headless_four(server, p["epochs"])
+        b = _page_four(browser, server, p["epochs"], timeout=600)
+        rates = [v for v in b["rates"].values() if not math.isnan(v)]
+        rounds.append({
+            "round": i + 1, "steps": h["steps"], "headless_steps_s": h["steps_per_s"],
+            "page_steps_s": b["steps_per_s"], "ratio": b["steps_per_s"] / h["steps_per_s"],
+            "headless_wall_s": h["wall_s"], "page_wall_s": b["wall_s"],
+            "updates_min": min(rates) if len(rates) == 4 else math.nan,
+            "updates_median": statistics.median(rates) if rates else math.nan,
+            "sources": b["sources"], "same_config": b["same_config"], "page_status": b["page_status"],
+            "headless_statuses": h["statuses"], "page_statuses": b["statuses"],
+            "console_errors": b["console_errors"], "rates": b["rates"],
+        })
+    table = Table(f"(a) four STE runs: headless vs streaming to one page{tag}", [
+        Column("round", "round"), Column("steps", "steps (4 runs)"),
+        Column("headless_steps_s", "headless steps/s", "{:.0f}"),
+        Column("page_steps_s", "with page steps/s", "{:.0f}"),
+        Column("ratio", "ratio", "{:.2f}"),
+        Column("headless_wall_s", "headless s", "{:.2f}"), Column("page_wall_s", "with page s", "{:.2f}"),
+        Column("updates_min", "updates/s (slowest source)", "{:.1f}"),
+        Column("updates_median", "updates/s (median)", "{:.1f}"),
+        Column("same_config", "same config", lambda v: "yes" if v else "NO")], rounds)
+    ratio = statistics.median(r["ratio"] for r in rounds)
+    valid = all(r["same_config"] and r["headless_statuses"] == ["finished"] and r["page_statuses"] == ["finished"]
+                for r in rounds)
+    goals = [Goal(f"four runs streaming to one page keep >= 80% of headless steps/s{tag}",
+                  (ratio >= GOAL_RATIO) if valid else None,
+                  f"{100 * ratio:.1f}% (median of {len(rounds)} round(s): "
+                  + ", ".join(f"{100 * r['ratio']:.0f}%" for r in rounds) + ")"
+                  + ("" if valid else "; NOT comparable: configs or statuses differ"), ">= 80%")]
+    upd = [r["updates_min"] for r in rounds]
+    upd_ok = [u for u in upd if not math.isnan(u)]
+    goals.append(Goal(f"page applies >= 5 updates/s (slowest of the four loss sources){tag}",
+                      (statistics.median(upd_ok) >= GOAL_UPDATES) if upd_ok else None,
+                      (f"{statistics.median(upd_ok):.1f}/s" if upd_ok else "no updates recorded")
+                      + f" (per round: {', '.join(f'{u:.1f}' for u in upd)})", ">= 5/s"))
+    return rounds, table, goals
+
+
+def _memory_part(browser, server, p, tag):
+    mem = _memory(browser, server, p["mem_lo"], p["mem_hi"], timeout=1800)
+    pts = mem["points"]
+    rows = [{"point": k, "logged_steps": v["steps"], "rss_mib": v["rss"] / 2**20, "log_mib": v["log_nbytes"] / 2**20}
+            for k, v in pts.items()]
+    table = Table(f"(a) server memory while one run logs every step, streaming to a page{tag}", [
+        Column("point", "point"), Column("logged_steps", "logged steps"),
+        Column("rss_mib", "server RSS MiB", "{:.1f}"), Column("log_mib", "that run's MetricsLog MiB", "{:.1f}")],
+        rows)
+    name = (f"server memory flat within 10% from {p['mem_lo'] // 1000}k to {p['mem_hi'] // 1000}k "
+            f"logged steps{tag}")
+    if "lo" in pts and "hi" in pts:
+        growth = 100.0 * (pts["hi"]["rss"] - pts["lo"]["rss"]) / pts["lo"]["rss"]
+        goal = Goal(name, growth <= GOAL_MEM_PCT,
+                    f"{growth:+.1f}% ({pts['lo']['rss'] / 2**20:.0f} -> {pts['hi']['rss'] / 2**20:.0f} MiB; "
+                    f"page source held {mem['page_rows']} rows)", "<= +10%")
+    else:
+        goal = Goal(name, None, f"run ended ({mem['status']}) before {p['mem_hi']} steps", "<= +10%")
+    return mem, table, goal
+
+
+def _sessions_part(browser, server, p, tag):
+    ses = _sessions(browser, server, p["sessions"], p["session_epochs"], timeout=600)
+    n = p["sessions"]
+    row = {**ses, "left_n": sum(len(v) for v in ses["left"].values())}
+    table = Table(f"(b) {n} concurrent sessions, each comparing STE kinds (epochs {p['session_epochs']}){tag}", [
+        Column("n", "sessions"), Column("runs", "runs"), Column("load_s", "pages loaded s", "{:.1f}"),
+        Column("train_s", "runs trained s", "{:.1f}"), Column("page_catchup_s", "pages showed done s", "{:.1f}"),
+        Column("pages_finished", "pages saw finished"), Column("probes", "probes"),
+        Column("probes_failed", "probes failed"), Column("probe_p50_s", "probe p50 s", "{:.3f}"),
+        Column("probe_max_s", "probe max s", "{:.2f}"), Column("cleanup_s", "cleanup s", "{:.1f}"),
+        Column("left_n", "left alive"), Column("midrun_stop_s", "mid-run close: all stopped in s", "{:.1f}")],
+        [row])
+    goals = [
+        Goal(f"{n} sessions: the server answers every probe within {GOAL_PROBE_S:.0f} s{tag}",
+             ses["probes_failed"] == 0 and ses["probe_max_s"] < GOAL_PROBE_S,
+             f"{ses['probes'] - ses['probes_failed']}/{ses['probes']} answered, max {ses['probe_max_s']:.2f} s, "
+             f"median {ses['probe_p50_s']:.3f} s"
+             + (f"; slow ones while: {sorted({x['phase'] for x in ses['slow_probes']})}" if ses["slow_probes"] else ""),
+             f"all, each < {GOAL_PROBE_S:.0f} s"),
+        Goal(f"{n} sessions: every session sees its runs finish{tag}",
+             ses["pages_finished"] == n and ses["run_statuses"] == ["finished"],
+             f"{ses['pages_finished']}/{n} pages showed finished; run statuses {ses['run_statuses']}"),
+        Goal(f"{n} sessions: nothing left running after the sessions close{tag}", ses["cleanup_ok"],
+             f"after {ses['cleanup_s']:.1f} s: {len(ses['left']['dashboards'])} sessions open/streaming, "
+             f"{len(ses['left']['threads'])} run threads, {len(ses['left']['active'])} runs active"),
+        Goal("a session closed mid-comparison: its runs stop and their threads end", ses["midrun_ok"],
+             f"statuses {ses['midrun_statuses']}, {len(ses['midrun_left']['threads'])} run threads left, "
+             f"{ses['midrun_stop_s']:.1f} s after the page closed"),
+    ]
+    return ses, table, goals
+
+
+def _divergence_part(browser, server):
+    div = _divergence(browser, server)
+    rows = [dict(case=label, run=div[key].get("run"), server_status=div[key].get("server_status"),
+                 page_status=div[key].get("page_status"))
+            for key, label in (("ce", "sgd, lr 100, cross-entropy (default model)"), ("mse", "sgd, lr 100, mse"),
+                               ("after", "afterwards: fresh page, 3-epoch run"))]
+    table = Table("(c) divergence, from the page", [
+        Column("case", "case"), Column("run", "run"), Column("server_status", "run status"),
+        Column("page_status", "page shows")], rows)
+    goal = Goal("a diverging run (sgd, lr 100, mse) shows 'diverged' and the server keeps serving",
+                div["mse"]["server_status"] == "diverged" and div["mse"]["page_status"] == "diverged"
+                and div["http_after"] == 200 and div["after"].get("page_status") == "finished"
+                and not div["traceback_in_page"],
+                f"run {div['mse']['server_status']}, page shows {div['mse']['page_status']!r}; afterwards "
+                f"HTTP {div['http_after']}, new run {div['after'].get('page_status')!r}; "
+                f"traceback in page: {div['traceback_in_page']}")
+    note = (f"(c) sgd at lr 100 with cross-entropy ended '{div['ce']['server_status']}' (informational: on the "
+            f"default model its loss stays finite); page alert for the mse run: {div['mse'].get('alert', '')[:160]!r}")
+    return div, table, goal, note
+
+
+@suite("dashboard", description="live dashboard in headless chromium: streaming cost, update rate, memory, "
+                                "concurrent sessions, divergence")
+def run(opts: BenchOptions) -> SuiteResult:
+    """Run the dashboard suite (see the module docstring)."""
+    reason = browser_unavailable()
+    if reason:
+        raise SuiteNotAvailable(f"dashboard: {reason}")
+    from playwright.sync_api import sync_playwright
+
+    p = QUICK if opts.quick else FULL
+    tag = " [quick]" if opts.quick else ""
+    tables, goals, extra = [], [], {"params": p}
+    notes = [f"server: `panel serve app/` subprocess (+ --setup inspector on a second port, "
+             f"--check-unused-sessions {CHECK_UNUSED_MS} --unused-session-lifetime {UNUSED_LIFETIME_MS}); "
+             "browser: headless chromium on the same cores",
+             f"config: the dashboard defaults (digits, 64-256-10 ternary, adam, metrics every 10 steps) with "
+             f"epochs = {p['epochs']} for (a), {p['session_epochs']} for (b)"]
+    if opts.quick:
+        notes.append("--quick: 1 round, shorter runs, fewer sessions, smaller memory span (labelled [quick])")
+    server = AppServer(inspect=True, extra_args=["--check-unused-sessions", str(CHECK_UNUSED_MS),
+                                                 "--unused-session-lifetime", str(UNUSED_LIFETIME_MS)])
+    server.start()
+    try:
+        with sync_playwright() as pw:
+            browser = launch_chromium(pw)
+            try:
+                # warm-up: kernels loaded, first page paid, before anything is timed
+                _headless_four(server, 2)
+                _page_four(browser, server, 2, timeout=300)
+
+                rounds, table, gs = _throughput_part(browser, server, p, tag)
+                extra["rounds"] = rounds
+                tables.append(table)
+                goals += gs
+
+                mem, table, goal = _memory_part(browser, server, p, tag)
+                extra["memory"] = mem
+                tables.append(table)
+                goals.append(goal)
+
+                ses, table, gs = _sessions_part(browser, server, p, tag)
+                extra["sessions"] = ses
+                tables.append(table)
+                goals += gs
+
+                div, table, goal, note = _divergence_part(browser, server)
+                extra["divergence"] = div
+                tables.append(table)
+                goals.append(goal)
+                notes.append(note)
+            finally:
+                browser.close()
+    finally:
+        server.stop()
+    errors = ([e for r in extra.get("rounds", []) for e in r["console_errors"]]
+              + extra.get("memory", {}).get("console_errors", []) + extra.get("sessions", {}).get("console_errors", [])
+              + extra.get("divergence", {}).get("console_errors", []))
+    extra["console_errors"] = errors
+    notes.append(f"browser console errors / failed requests over the whole suite: {len(errors)}"
+                 + (f"; first: {errors[0][:200]}" if errors else ""))
+    extra["server_log_tail"] = server.log_tail(80)
+    return SuiteResult(tables=tables, goals=goals, notes=notes, extra=extra)

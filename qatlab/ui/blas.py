@@ -1,0 +1,58 @@
+"""Keep BLAS single-threaded in the dashboard process.
+
+``qatlab/__init__.py`` sets ``OPENBLAS_NUM_THREADS=1`` (several runs train at once
+on small matrices; a multi-threaded OpenBLAS was measured ~10x slower). That only
+works if numpy's OpenBLAS has not been loaded yet, and under ``panel serve`` Panel
+and Bokeh import numpy first. Measured here: the default config trained at
+~28 steps/s in the server vs ~1700 headless; with one BLAS thread the server
+matches headless. :func:`limit_blas_threads` applies the limit at run time.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+_SYMBOLS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads64_",
+            "openblas_set_num_threads")
+
+
+def limit_blas_threads(n: int | None = None) -> bool:
+    """Limit loaded BLAS libraries to ``n`` threads (default: ``$OPENBLAS_NUM_THREADS`` or 1).
+
+    Uses threadpoolctl when installed, else calls OpenBLAS's setter through ctypes.
+    Returns True if a limit was applied.
+    """
+    if n is None:
+        try:
+            n = max(1, int(os.environ.get("OPENBLAS_NUM_THREADS", "1")))
+        except ValueError:
+            n = 1
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(limits=n, user_api="blas")
+        return True
+    except ImportError:
+        pass
+    except Exception:  # pragma: no cover - best effort
+        log.debug("threadpoolctl failed", exc_info=True)
+    applied = False
+    try:
+        with open("/proc/self/maps") as fh:
+            paths = {line.split()[-1] for line in fh if "openblas" in line.lower() and ".so" in line}
+    except OSError:
+        return False
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for sym in _SYMBOLS:
+            fn = getattr(lib, sym, None)
+            if fn is not None:
+                fn(ctypes.c_int(n))
+                applied = True
+                break
+    return applied

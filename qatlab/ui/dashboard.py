@@ -1,0 +1,264 @@
+"""The composed dashboard of one session: sidebar, tabs, one periodic callback, cleanup.
+
+:class:`Dashboard` wires the views to one :class:`~qatlab.ui.streaming.StreamHub` and
+one :class:`~qatlab.ui.base.PlotOptions`, and is the only place that creates runs:
+
+- ``Start``: ``Run(config, owner=<session id>, keep_alive=<checkbox>)`` shown in Overview,
+  Quantization and Phases;
+- ``Compare STE kinds``: ``start_ste_comparison(config, owner=...)``, shown in the STE tab;
+- ``Stop`` / ``Pause`` / ``Resume``: the session's latest run or comparison.
+
+Streaming: one ``pn.state.add_periodic_callback(..., period=100)`` per session calls
+:meth:`Dashboard.pull`: the hub streams new rows of every shown run, the sidebar
+progress updates, and only the *visible* tab refreshes its tables/histograms.
+
+Cleanup: in a server session the dashboard registers ``pn.state.on_session_destroyed``;
+when the session goes, the periodic callback stops, and every run this session owns
+that is not ``keep_alive`` is stopped and joined (on a small reaper thread, so the
+server's event loop never blocks). ``close(join_timeout=...)`` does the same by hand
+(notebooks, tests). Runs themselves belong to the process (``qatlab.runs.all_runs()``),
+so a keep-alive run stays listed in the Runs tab of later sessions.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import uuid
+import weakref
+
+import panel as pn
+import param
+
+from ..runs import Run, all_runs, start_ste_comparison
+from .base import PERIOD_MS, PlotOptions, in_server_session, periodic_callback
+from .config_panel import ConfigPanel
+from .phase_view import PhaseView
+from .quant_view import QuantView
+from .run_view import RunStatus, RunView
+from .runs_table import RunsTable
+from .ste_compare import SteCompareView
+from .streaming import StreamHub
+
+log = logging.getLogger(__name__)
+
+JOIN_TIMEOUT = 30.0
+TAB_NAMES = ["Overview", "STE comparison", "Quantization", "Phases", "Runs"]
+
+_groups = itertools.count(1)
+
+#: Live dashboards of this process (weak): lets tests and benchmarks find a session's dashboard.
+DASHBOARDS: "weakref.WeakSet[Dashboard]" = weakref.WeakSet()
+
+
+def _session_id() -> str | None:
+    doc = pn.state.curdoc
+    ctx = getattr(doc, "session_context", None) if doc is not None else None
+    return getattr(ctx, "id", None)
+
+
+class Dashboard(pn.viewable.Viewer):
+    """Sidebar + tabs of one session.
+
+    Args:
+        config: initial ExperimentConfig (default: a fresh one).
+        owner: owner id stamped on runs (default: the server session id, else ``local-<uuid>``).
+        period: periodic callback period in ms (0 disables streaming; call :meth:`pull` yourself).
+    """
+
+    current = param.ClassSelector(class_=Run, default=None, allow_None=True,
+                                  doc="Run shown in Overview, Quantization and Phases.")
+    comparison = param.Dict(default={}, doc="{SteKind: Run} shown in the STE comparison tab.")
+
+    def __init__(self, config=None, owner: str | None = None, period: int = PERIOD_MS, **params):
+        super().__init__(**params)
+        session = _session_id()
+        self.owner = owner or session or f"local-{uuid.uuid4().hex[:8]}"
+        self.options = PlotOptions()
+        self.hub = StreamHub(self.options.smoothing)
+        self.options.param.watch(lambda e: self.hub.set_smoothing(e.new), "smoothing")
+        self.config_panel = ConfigPanel(config, on_start=self.start_run, on_stop=self.stop,
+                                        on_compare=self.compare_ste, on_pause=self.pause, on_resume=self.resume)
+        self.config_panel.keep_alive.param.watch(self._on_keep_alive, "value")
+        self.status = RunStatus()
+        shared = dict(hub=self.hub, options=self.options, lazy=True)  # hidden tabs build their figures when shown
+        self.overview = RunView(**shared)
+        self.ste = SteCompareView(**shared)
+        self.quant = QuantView(**shared)
+        self.phases = PhaseView(**shared)
+        self.runs = RunsTable(on_show=self.show, **shared)
+        self.views = [self.overview, self.ste, self.quant, self.phases, self.runs]
+        self.tabs = pn.Tabs(*zip(TAB_NAMES, self.views), dynamic=True, sizing_mode="stretch_width",
+                            name="qatlab-tabs")
+        self.views[0].set_active(True)
+        self.tabs.param.watch(self._on_tab, "active")
+        self.sidebar = pn.Column(self.config_panel.buttons, self.status, self.config_panel.cards,
+                                 sizing_mode="stretch_width")
+        self.main = pn.Column(self.options.controls(), self.tabs, sizing_mode="stretch_width")
+        self._periodic = None
+        self._root = None
+        self._period = period
+        self.closed = False
+        self.reaper: threading.Thread | None = None
+        self.param.watch(self._on_current, "current")
+        self.param.watch(lambda e: setattr(self.ste, "runs", e.new), "comparison")
+        DASHBOARDS.add(self)
+        if session is not None:
+            pn.state.on_session_destroyed(self._on_session_destroyed)
+        if period and session is not None:
+            self.start_streaming(period)
+
+    # ------------------------------------------------------------ actions
+    def start_run(self) -> Run | None:
+        """``Start``: validate the sidebar config and start one run (None if the config is invalid)."""
+        cfg = self.config_panel.validated()
+        if cfg is None:
+            return None
+        try:
+            run = Run(cfg, owner=self.owner, keep_alive=self.config_panel.keep_alive.value)
+        except (ValueError, TypeError) as exc:
+            self.config_panel.notify_error(str(exc))
+            return None
+        self.tabs.active = 0
+        self.current = run          # build the figures first: the training thread then competes for the GIL
+        self.status.runs = [run]
+        run.start()
+        self.refresh()
+        return run
+
+    def compare_ste(self) -> dict | None:
+        """``Compare STE kinds``: train the sidebar config once per SteKind, concurrently."""
+        cfg = self.config_panel.validated()
+        if cfg is None:
+            return None
+        try:
+            runs = start_ste_comparison(cfg, owner=self.owner, group=f"cmp{next(_groups)}")
+        except (ValueError, TypeError, RuntimeError) as exc:
+            self.config_panel.notify_error(str(exc))
+            return None
+        for run in runs.values():
+            run.keep_alive = self.config_panel.keep_alive.value
+        self.comparison = runs
+        self.status.runs = list(runs.values())
+        self.tabs.active = 1
+        self.refresh()
+        return runs
+
+    def _active_runs(self) -> list[Run]:
+        return list(self.status.runs)
+
+    def stop(self) -> None:
+        """``Stop``: stop the session's latest run or comparison."""
+        for run in self._active_runs():
+            if not run.done:
+                run.stop()
+
+    def pause(self) -> None:
+        """``Pause`` the latest run or comparison."""
+        for run in self._active_runs():
+            run.pause()
+
+    def resume(self) -> None:
+        """``Resume`` the latest run or comparison."""
+        for run in self._active_runs():
+            run.resume()
+
+    def show(self, run: Run) -> None:
+        """Show ``run`` in Overview / Quantization / Phases (from the Runs tab)."""
+        self.current = run
+        self.tabs.active = 0
+
+    def owned_runs(self) -> list[Run]:
+        """Every run this session started."""
+        return [r for r in all_runs() if r.owner == self.owner]
+
+    def _on_tab(self, event) -> None:
+        for i, view in enumerate(self.views):
+            view.set_active(i == event.new)
+        view = self.views[event.new]
+        self.hub.pull({r.id for r in view.shown_runs()})   # catch up before the tab is drawn
+        view.refresh()
+
+    def _on_current(self, event) -> None:
+        for view in (self.overview, self.quant, self.phases):
+            view.run = event.new
+
+    def _on_keep_alive(self, event) -> None:
+        for run in self.owned_runs():
+            if not run.done:
+                run.keep_alive = bool(event.new)
+
+    # ------------------------------------------------------------ streaming
+    def pull(self) -> None:
+        """One tick: stream new rows of the visible tab's runs, update the sidebar, refresh that tab.
+
+        Runs of hidden tabs keep their cursor and catch up when their tab is opened.
+        """
+        view = self.views[self.tabs.active]
+        self.hub.pull({r.id for r in view.shown_runs()})
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Sidebar progress and the visible tab's non-streamed parts."""
+        self.status.refresh()
+        self.views[self.tabs.active].refresh()
+
+    def _safe_pull(self) -> None:
+        if self.closed:
+            return
+        try:
+            with pn.io.hold():   # all of this tick's events go to the browser as one message
+                self.pull()
+            if self._root is not None and not in_server_session():
+                pn.io.push_notebook(self._root)   # notebook: Bokeh model edits need an explicit push
+        except Exception:  # never let one bad tick kill the session's callback
+            log.exception("qatlab: dashboard tick failed")
+
+    def start_streaming(self, period: int = PERIOD_MS):
+        """Start the session's periodic callback (idempotent)."""
+        if self._periodic is None:
+            self._periodic = periodic_callback(self._safe_pull, period)
+        return self._periodic
+
+    @property
+    def streaming(self) -> bool:
+        """True while the periodic callback is running."""
+        return self._periodic is not None and self._periodic.running
+
+    # ------------------------------------------------------------ cleanup
+    def close(self, join_timeout: float | None = JOIN_TIMEOUT) -> list[Run]:
+        """Stop streaming and stop owned runs that are not keep-alive; join them when ``join_timeout`` is given.
+
+        Returns the runs that were asked to stop. Idempotent.
+        """
+        self.closed = True
+        if self._periodic is not None:
+            try:
+                self._periodic.stop()
+            except Exception:
+                log.exception("qatlab: stopping the periodic callback failed")
+            self._periodic = None
+        stopping = [r for r in self.owned_runs() if not r.keep_alive and not r.done]
+        for run in stopping:
+            run.stop()
+        if join_timeout is not None:
+            for run in stopping:
+                run.join(join_timeout)
+        return stopping
+
+    def _on_session_destroyed(self, session_context) -> None:
+        """Session gone: stop streaming and owned runs now, join them on a reaper thread."""
+        stopping = self.close(join_timeout=None)
+        if stopping:
+            def reap():
+                for run in stopping:
+                    run.join(JOIN_TIMEOUT)
+            self.reaper = threading.Thread(target=reap, name=f"qatlab-reaper-{self.owner[:8]}", daemon=True)
+            self.reaper.start()
+
+    def __panel__(self):
+        if self._period and not self.closed:
+            self.start_streaming(self._period)  # notebook: stream once displayed
+        if self._root is None:
+            self._root = pn.Row(pn.Column(self.sidebar, width=340), self.main, sizing_mode="stretch_width")
+        return self._root

@@ -1,0 +1,98 @@
+"""Phases tab: what phase training did, for one run with ``config.phase.enabled``.
+
+Figures (x linked), from the run's ``loss-source-<run id>`` / ``phase-source-<run id>``:
+
+- ``fig-phase-timeline``: phase bands ``phase-timeline-bands-<run id>-<PHASE>`` and the phase
+  code as a step line ``phase-code-<run id>`` (0 WARMUP, 1 FULL, 2 PREDICT, 3 CORRECT);
+- ``fig-phase-backward``: ``backward-passes-<run id>`` against the ``steps-<run id>``
+  diagonal (a full-backprop run would follow it; the gap is what was saved);
+- ``fig-phase-pred``: ``pred-error-<run id>`` and ``pred-cosine-<run id>`` (markers: the
+  values exist on CORRECT steps only);
+- ``fig-phase-lengths``: adaptive ``full-len-<run id>`` and ``predict-len-<run id>``.
+"""
+from __future__ import annotations
+
+import panel as pn
+import param
+from bokeh.models import Range1d
+
+from ..runs import Run
+from . import figures as F
+from .base import LiveView, bokeh_pane
+
+
+class PhaseView(LiveView):
+    """Phase timeline, backward passes saved, prediction quality and adaptive lengths of one run."""
+
+    run = param.ClassSelector(class_=Run, default=None, allow_None=True, doc="The run shown.")
+
+    def __init__(self, run: Run | None = None, hub=None, options=None, lazy: bool = False, **params):
+        super().__init__(hub, options, lazy, **params)
+        self.figures: dict = {}
+        self.intro = pn.pane.Markdown("", margin=(5, 10))
+        self._plots = pn.Column(sizing_mode="stretch_width")
+        self._layout = pn.Column(self.intro, self._plots, sizing_mode="stretch_width")
+        self.param.watch(lambda e: self.request_rebuild(), "run")
+        if run is not None:
+            self.run = run
+        else:
+            self.rebuild()
+
+    def rebuild(self) -> None:
+        """(Re)create the phase figures (or explain why there are none)."""
+        self.figures = {}
+        run = self.run
+        if run is None or not run.config.phase.enabled:
+            self.intro.object = ("Phase training is off for this run: tick **Enabled** under **Phase training** "
+                                 "in the sidebar, then press **Start**." if run is not None else
+                                 "No run yet: enable **Phase training** in the sidebar and press **Start**.")
+            self._plots.objects = []
+            return
+        p = run.config.phase
+        self.intro.object = (f"**{run.name}** · predictor **{p.predictor}** · warmup {p.warmup_steps}, "
+                             f"FULL {p.full_steps}, predict block {p.predict_steps}, CORRECT every "
+                             f"{p.correct_every}" + (" · adaptive lengths" if p.adaptive_phases else ""))
+        rs = self.hub.stream(run)
+        x, xr, rid = self.x_field, F.shared_x_range(), run.id
+
+        tl = F.line_figure("Phase timeline", "phase", name="fig-phase-timeline", x_field=x, x_range=xr,
+                           height=170, y_range=Range1d(-0.5, 3.5))
+        F.add_phase_bands(tl, rs.phases, x, name=f"phase-timeline-bands-{rid}", alpha=0.35)
+        F.add_step(tl, rs.train, x, "phase", color="#333333", width=1, name=f"phase-code-{rid}")
+        tl.yaxis.ticker = [0, 1, 2, 3]
+        tl.yaxis.major_label_overrides = {k: v for k, v in F.PHASE_NAMES.items()}
+        F.finish(tl, location="top_left")
+
+        bw = F.line_figure("Backward passes (gap to the diagonal = saved)", "count", name="fig-phase-backward",
+                           x_field=x, x_range=xr)
+        F.add_line(bw, rs.train, x, "step", color="#7f7f7f", dash="dashed", width=1, name=f"steps-{rid}",
+                   label="steps (full backprop)")
+        F.add_line(bw, rs.train, x, "backward_passes", color="#1f77b4", name=f"backward-passes-{rid}",
+                   label="backward passes")
+        F.finish(bw, location="top_left")
+
+        pred = F.line_figure("Gradient prediction on CORRECT steps", "value", name="fig-phase-pred", x_field=x,
+                             x_range=xr, y_log=self.options.log_y)
+        F.add_points(pred, rs.train, x, "pred_error", color="#d62728", name=f"pred-error-{rid}",
+                     label="relative error")
+        F.add_points(pred, rs.train, x, "pred_cosine", color="#2ca02c", name=f"pred-cosine-{rid}",
+                     label="cosine")
+        F.finish(pred)
+
+        lens = F.line_figure("Adaptive phase lengths", "steps", name="fig-phase-lengths", x_field=x, x_range=xr)
+        F.add_step(lens, rs.train, x, "full_len", color=F.PHASE_COLORS[1], label="FULL length",
+                   name=f"full-len-{rid}")
+        F.add_step(lens, rs.train, x, "predict_len", color=F.PHASE_COLORS[2], label="predict length",
+                   name=f"predict-len-{rid}")
+        F.finish(lens)
+
+        self.figures = {"timeline": tl, "backward": bw, "pred": pred, "lengths": lens}
+        self._plots.objects = [bokeh_pane(tl),
+                               pn.GridBox(bokeh_pane(bw), bokeh_pane(pred), bokeh_pane(lens), ncols=3,
+                                          sizing_mode="stretch_width")]
+
+    def shown_runs(self) -> list:
+        return [self.run] if self.run is not None else []
+
+    def _panel(self):
+        return self._layout

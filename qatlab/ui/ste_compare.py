@@ -1,0 +1,185 @@
+"""STE comparison tab: one run per SteKind, overlaid and as small multiples, plus a ranking.
+
+Figures (x linked), each with one line per kind named ``<metric>-<run id>`` and
+coloured by :data:`qatlab.ui.figures.STE_COLORS`:
+
+- ``fig-ste-loss`` (EMA train loss, ``ste-loss-<run id>``) and ``fig-ste-accuracy``
+  (``ste-accuracy-<run id>``), overlaid, with click-to-hide legends;
+- small multiples ``fig-ste-grad_norm``, ``fig-ste-noise_mse``, ``fig-ste-sqnr_db`` (one line per
+  layer and kind, ``ste-<metric>_<i>-<run id>``, dash style = layer) and
+  ``fig-ste-active_grad_fraction`` (``ste-active_grad_fraction-<run id>``); no legends there
+  (the colour key sits above them), since each legend is re-rendered on every streamed tick.
+
+The summary table (an HTML pane, CSS class ``qatlab-ste-summary``; the DataFrame behind it is
+``SteCompareView.summary``) ranks the kinds by latest test accuracy (descending), then wall time
+(ascending).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import pandas as pd
+import panel as pn
+import param
+
+from . import figures as F
+from .base import LiveView, bokeh_pane
+from .streaming import n_layers_of
+
+SUMMARY_COLUMNS = ["rank", "ste", "status", "test_accuracy", "test_loss", "seconds", "steps_per_second", "steps",
+                   "run"]
+
+INTRO = ("Press **Compare STE kinds** in the sidebar: the current config is trained once per "
+         "straight-through estimator (same seed and data, concurrently).")
+TABLE_PERIOD = 1.0  # seconds between summary-table refreshes
+
+# (metric, title, y label, log-scale allowed); per-layer metrics draw one line per layer and kind
+SMALL = [("grad_norm", "Gradient norm per layer", "‖∇W‖", True),
+         ("noise_mse", "Quantization noise MSE per layer", "MSE", True),
+         ("sqnr_db", "SQNR per layer", "dB", False),
+         ("active_grad_fraction", "Active-gradient fraction", "fraction", False)]
+PER_LAYER = {"grad_norm", "noise_mse", "sqnr_db"}
+_DASH_TEXT = {"solid": "───", "dashed": "‒ ‒", "dotted": "···", "dotdash": "·‒·", "dashdot": "‒·‒"}
+
+
+def summary_frame(runs: dict) -> pd.DataFrame:
+    """Ranking table of ``{kind: Run}``: best latest test accuracy first, then fastest."""
+    rows = []
+    for kind, run in runs.items():
+        acc = run.log.last("test_accuracy")
+        rows.append({"ste": str(kind.value if hasattr(kind, "value") else kind), "status": run.status,
+                     "test_accuracy": acc, "test_loss": run.log.last("test_loss"),
+                     "seconds": round(run.elapsed, 2), "steps_per_second": round(run.steps_per_second, 1),
+                     "steps": run.steps_done, "run": run.id})
+    df = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if c != "rank"])
+    if len(df):
+        key = df["test_accuracy"].fillna(-math.inf)
+        df = df.assign(_k=-key).sort_values(["_k", "seconds"]).drop(columns="_k").reset_index(drop=True)
+    df.insert(0, "rank", range(1, len(df) + 1))
+    return df
+
+
+def _fmt(value, spec: str, scale: float = 1.0) -> str:
+    return "–" if value is None or not math.isfinite(value) else format(value * scale, spec)
+
+
+def summary_html(df: pd.DataFrame) -> str:
+    """The ranking as a small HTML table (one colour swatch per kind, an accuracy bar)."""
+    head = ("<tr><th>#</th><th>STE</th><th>status</th><th>test accuracy</th><th>test loss</th>"
+            "<th>time (s)</th><th>steps/s</th><th>steps</th><th>run</th></tr>")
+    rows = []
+    for r in df.itertuples(index=False):
+        color = F.STE_COLORS.get(r.ste, "#333333")
+        acc = r.test_accuracy if math.isfinite(r.test_accuracy) else 0.0
+        bar = (f"<span style='display:inline-block;width:80px;height:9px;background:#e6e6e6;margin-right:6px'>"
+               f"<span style='display:block;height:9px;width:{100 * acc:.0f}%;background:{color}'></span></span>")
+        rows.append(f"<tr><td>{r.rank}</td><td><span style='color:{color}'>&#9632;</span> {r.ste}</td>"
+                    f"<td>{r.status}</td><td>{bar}{_fmt(r.test_accuracy, '.1f', 100)}%</td>"
+                    f"<td>{_fmt(r.test_loss, '.4f')}</td><td>{_fmt(r.seconds, '.1f')}</td>"
+                    f"<td>{_fmt(r.steps_per_second, ',.0f')}</td><td>{r.steps:,}</td><td>{r.run}</td></tr>")
+    style = ("<style>table.qatlab-ste{border-collapse:collapse;width:100%;font-size:13px}"
+             "table.qatlab-ste th{text-align:left;border-bottom:2px solid #0072B5;padding:4px 8px}"
+             "table.qatlab-ste td{padding:3px 8px;border-bottom:1px solid #e0e0e0}</style>")
+    return f"{style}<table class='qatlab-ste'><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+class SteCompareView(LiveView):
+    """Overlaid curves, small multiples and a ranking for a ``{SteKind: Run}`` comparison."""
+
+    runs = param.Dict(default={}, doc="{SteKind: Run} of the comparison shown.")
+
+    def __init__(self, runs: dict | None = None, hub=None, options=None, lazy: bool = False, **params):
+        super().__init__(hub, options, lazy, **params)
+        self.figures: dict = {}
+        self.summary = summary_frame({})
+        # A fixed-height HTML table: re-rendering it once a second costs the browser almost nothing,
+        # while replacing a Tabulator's value re-lays out the whole page (measured: it dominated
+        # chromium's CPU while four runs streamed).
+        self.table = pn.pane.HTML(summary_html(self.summary), css_classes=["qatlab-ste-summary"], height=170,
+                                  sizing_mode="stretch_width", margin=(0, 10))
+        self.intro = pn.pane.Markdown(INTRO, margin=(5, 10))
+        self._plots = pn.Column(sizing_mode="stretch_width")
+        self._layout = pn.Column(self.intro, self.table, self._plots, sizing_mode="stretch_width")
+        self._last_summary = None
+        self._next_table = 0.0
+        self.param.watch(lambda e: self.request_rebuild(), "runs")
+        if runs:
+            self.runs = runs
+        else:
+            self.rebuild()
+
+    def rebuild(self) -> None:
+        """(Re)create all figures for the current comparison and plot options."""
+        self.figures = {}
+        if not self.runs:
+            self._plots.objects = []
+            self.table.visible = False
+            self.intro.object = INTRO
+            return
+        self.table.visible = True
+        q = next(iter(self.runs.values())).config.quant
+        names = ", ".join(r.name for r in self.runs.values())
+        self.intro.object = (f"**{len(self.runs)} STE kinds** · weights **{q.weights}**"
+                             + (f" ({q.weight_bits} bit)" if q.weights == "fake" else "")
+                             + f" · same seed and data · runs: {names}")
+        x, xr, y_log = self.x_field, F.shared_x_range(), self.options.log_y
+        streams = {str(getattr(k, "value", k)): self.hub.stream(r) for k, r in self.runs.items()}
+        first = next(iter(self.runs.values()))
+
+        loss = F.line_figure("Train loss (EMA) per STE", "loss", name="fig-ste-loss", x_field=x, x_range=xr,
+                             y_log=y_log, height=280)
+        acc = F.line_figure("Test accuracy per STE", "accuracy", name="fig-ste-accuracy", x_field=x, x_range=xr,
+                            y_range=F.fraction_range(), height=280)
+        for kind, rs in streams.items():
+            color = F.STE_COLORS.get(kind, "#333333")
+            F.add_line(loss, rs.train, x, "loss_s", color=color, name=f"ste-loss-{rs.run.id}", label=kind)
+            F.add_line(acc, rs.eval, x, "test_accuracy", color=color, name=f"ste-accuracy-{rs.run.id}", label=kind)
+            F.add_points(acc, rs.eval, x, "test_accuracy", color=color, size=4,
+                         name=f"ste-accuracy-points-{rs.run.id}")
+        F.finish(loss)
+        F.finish(acc, location="bottom_right")
+        self.figures.update({"loss": loss, "accuracy": acc})
+
+        n_layers = n_layers_of(first.config)
+        dash_key = " ".join(f"<span style='font-family:monospace'>{_DASH_TEXT[F.LAYER_DASHES[i % 5]]}</span> "
+                            f"layer {i}" for i in range(n_layers))
+        for metric, title, ylab, logy in SMALL:
+            # one figure per metric (layers as dash styles), no legend: every figure and legend costs
+            # the browser a repaint per streamed tick
+            fig = F.line_figure(title, ylab, name=f"fig-ste-{metric}", x_field=x, x_range=xr,
+                                y_log=y_log and logy, height=210)
+            columns = [f"{metric}_{i}" for i in range(n_layers)] if metric in PER_LAYER else [metric]
+            for i, col in enumerate(columns):
+                for kind, rs in streams.items():
+                    y = f"{col}_s" if f"{col}_s" in rs.train.data else col
+                    F.add_line(fig, rs.train, x, y, color=F.STE_COLORS.get(kind, "#333333"), width=1.5,
+                               dash=F.LAYER_DASHES[i % len(F.LAYER_DASHES)], name=f"ste-{col}-{rs.run.id}")
+            self.figures[metric] = fig
+        legend = " ".join(f"<span style='color:{F.STE_COLORS.get(k, '#333')};font-weight:600'>&#9632; {k}</span>"
+                          for k in streams)
+        grid = pn.GridBox(*[bokeh_pane(self.figures[m]) for m, *_ in SMALL], ncols=2, sizing_mode="stretch_width")
+        self._plots.objects = [pn.Row(bokeh_pane(loss), bokeh_pane(acc), sizing_mode="stretch_width"),
+                               pn.pane.HTML(f"<b>Small multiples</b> &nbsp; {legend} &nbsp;&nbsp; {dash_key}",
+                                            margin=(5, 10)), grid]
+        self._last_summary = None
+        self.refresh(force=True)
+
+    def shown_runs(self) -> list:
+        return list(self.runs.values())
+
+    def refresh(self, force: bool = False) -> None:
+        """Re-rank the summary table (at most once per :data:`TABLE_PERIOD` s, and only if it changed)."""
+        now = time.monotonic()
+        if not self.runs or (now < self._next_table and not force):
+            return
+        self._next_table = now + TABLE_PERIOD
+        df = summary_frame(self.runs)
+        key = df.to_json()
+        if key != self._last_summary:
+            self._last_summary = key
+            self.summary = df
+            self.table.object = summary_html(df)
+
+    def _panel(self):
+        return self._layout

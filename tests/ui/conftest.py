@@ -1,0 +1,54 @@
+"""Fixtures of the browser tests: a ``panel serve app/`` subprocess and headless Debian chromium.
+
+Both skip with a reason when the browser stack is missing (no ``playwright`` python package,
+no ``/usr/bin/chromium``), unless ``QATLAB_REQUIRE_BROWSER=1`` is set (CI sets it): then they
+fail instead. Playwright's own browser downloads are never used (``executable_path`` is
+Debian's chromium); see :mod:`qatlab.bench_dashboard` for the shared helpers.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from qatlab.bench_dashboard import ROOT, AppServer, browser_unavailable, launch_chromium
+
+
+def _require_browser() -> None:
+    reason = browser_unavailable()
+    if reason is None:
+        return
+    if os.environ.get("QATLAB_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"QATLAB_REQUIRE_BROWSER=1 but the browser cannot run: {reason}")
+    pytest.skip(f"browser test skipped: {reason}")
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """A launched headless chromium (Playwright sync API), closed at teardown."""
+    _require_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = launch_chromium(pw)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def app_server(chromium):
+    """``panel serve app/ --port <free port>`` started from the repository root; killed at teardown.
+
+    Depends on ``chromium`` so that a missing browser skips before a server is started.
+    """
+    server = AppServer(root=ROOT)
+    try:
+        server.start()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    try:
+        yield server
+    finally:
+        server.stop()

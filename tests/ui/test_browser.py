@@ -1,0 +1,120 @@
+"""The dashboard in a real browser: headless Debian chromium (Playwright) against ``panel serve app/``.
+
+One page is opened for the whole module and driven like a person would, by the stable labels
+and Bokeh model names of :mod:`qatlab.ui`: a long run streams (its ``loss-source-<run id>``
+grows in ``Bokeh.documents``) and is stopped, a short run reaches ``finished``, ``Compare STE
+kinds`` shows four runs (a screenshot of that is saved to ``assets/screenshot.png``). Finally
+the page must have logged no console error, shown no traceback, and requested nothing from any
+host but the server (the dashboard works air-gapped).
+
+Skips with a reason when playwright or chromium is missing, unless ``QATLAB_REQUIRE_BROWSER=1``.
+"""
+from __future__ import annotations
+
+import time
+from urllib.parse import urlsplit
+
+import pytest
+
+from qatlab.bench_dashboard import ROOT, DashboardPage
+
+pytestmark = pytest.mark.browser
+
+SCREENSHOT = ROOT / "assets" / "screenshot.png"
+LONG_EPOCHS = 2000     # ~46k steps: still running while the test watches it stream
+SHORT_EPOCHS = 5       # ~115 steps: finishes in well under a second of training
+COMPARE_EPOCHS = 80    # 4 x ~1.8k steps: usually still running when the screenshot is taken
+DONE = ("finished", "stopped", "diverged", "failed")
+
+
+def _wait_for(fn, timeout: float, what: str, step: float = 0.1):
+    deadline = time.monotonic() + timeout
+    value = fn()
+    while not value and time.monotonic() < deadline:
+        time.sleep(step)
+        value = fn()
+    assert value, f"timed out after {timeout:.0f} s waiting for {what}"
+    return value
+
+
+@pytest.fixture(scope="module")
+def dash(chromium, app_server):
+    context = chromium.new_context(viewport={"width": 1400, "height": 900})
+    page = DashboardPage(context.new_page(), app_server.url)
+    page.open(timeout=90)
+    yield page
+    context.close()
+
+
+def test_page_shows_the_controls(dash):
+    for name in ("Start", "Stop", "Compare STE kinds"):
+        assert dash.button(name).is_visible(), name
+    assert dash.status() == "idle"
+    assert dash.source_lengths() == {}
+
+
+def _new_source(dash, before: set[str], timeout: float = 30.0) -> str:
+    """Name of the loss source that appears after ``before`` with at least one row."""
+    def find():
+        new = {k: n for k, n in dash.source_lengths().items() if k not in before and n > 0}
+        return next(iter(new), None)
+    return _wait_for(find, timeout, "a new loss-source-<run id> with rows")
+
+
+def test_start_streams_the_loss_source(dash):
+    dash.set_input("Epochs", LONG_EPOCHS)
+    before = set(dash.source_lengths())
+    dash.click("Start")
+    name = _new_source(dash, before)
+    first = dash.source_lengths()[name]
+    # read the length again a little later: the periodic callback keeps streaming new rows
+    grown = _wait_for(lambda: dash.source_lengths()[name] > first and dash.source_lengths()[name], 10,
+                      f"{name} to grow beyond {first} rows")
+    assert grown > first
+    assert dash.status() == "running"
+    dash.click("Stop")
+    assert dash.wait_status(lambda s: s in DONE, timeout=30, what="stopped") == "stopped"
+
+
+def test_short_run_reaches_finished(dash):
+    dash.set_input("Epochs", SHORT_EPOCHS)
+    before = set(dash.source_lengths())
+    dash.click("Start")
+    name = _new_source(dash, before)
+    assert dash.wait_status(lambda s: s in DONE, timeout=60, what="finished") == "finished"
+    run_id = name.removeprefix("loss-source-")
+    alert = _wait_for(lambda: "finished" in dash.text_of(".qatlab-run-alert") and dash.text_of(".qatlab-run-alert"),
+                      10, "the Overview alert to say finished")
+    assert run_id in alert
+
+
+def test_compare_ste_kinds_shows_four_runs(dash):
+    dash.set_input("Epochs", COMPARE_EPOCHS)
+    before = set(dash.source_lengths())
+    dash.click("Compare STE kinds")
+
+    def four_streaming():
+        new = {k: n for k, n in dash.source_lengths().items() if k not in before}
+        return new if len(new) == 4 and all(n >= 20 for n in new.values()) else None
+
+    sources = _wait_for(four_streaming, 60, "four new loss sources with rows")
+    ids = sorted(k.removeprefix("loss-source-") for k in sources)
+    lines = dash.model_names("ste-loss-")
+    assert sorted(n.removeprefix("ste-loss-") for n in lines) == ids      # one overlaid line per kind
+    mid = dash.status()
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    dash.page.screenshot(path=str(SCREENSHOT))          # curves drawn, usually still growing
+    print(f"screenshot saved to {SCREENSHOT} (status then: {mid})")
+
+    assert dash.wait_status(lambda s: s in DONE, timeout=120, what="finished") == "finished"
+    _wait_for(lambda: all(i in dash.body_text() for i in ids), 15, "the four run ids in the summary table")
+
+
+def test_page_stayed_clean_and_local(dash, app_server):
+    assert dash.console_errors == [], "\n".join(dash.console_errors)
+    assert "Traceback" not in dash.body_text()
+    server = urlsplit(app_server.url).netloc
+    assert dash.requests, "no request recorded"
+    foreign = sorted({u for u in dash.requests + dash.websockets
+                      if urlsplit(u).scheme in ("http", "https", "ws", "wss") and urlsplit(u).netloc != server})
+    assert not foreign, f"requests to hosts other than {server}: {foreign}"

@@ -1,0 +1,138 @@
+"""The dashboard served by a threaded ``pn.serve``: several sessions stream, then are destroyed.
+
+Sessions are opened with Bokeh's ``pull_session`` (a real websocket client) and with a
+plain HTTP GET (a session that never connects). When a session goes away its periodic
+callback must stop and the runs it owns must stop and be joined, except a keep-alive run.
+"""
+from __future__ import annotations
+
+import re
+import socket
+import time
+import urllib.request
+
+import pytest
+
+pn = pytest.importorskip("panel")
+
+import qatlab as ql  # noqa: E402
+from bokeh.client import pull_session  # noqa: E402
+from qatlab.ui import Dashboard, template_kwargs  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:The inplace keyword")
+
+LONG_EPOCHS = 100_000  # runs that are still training when their session goes away
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A threaded server whose app starts a run, a comparison or a keep-alive run, by session number."""
+    dashboards: list[Dashboard] = []
+
+    def app():
+        cfg = ql.ExperimentConfig()
+        cfg.model.hidden = [16]
+        cfg.optim.epochs = LONG_EPOCHS
+        dash = Dashboard(config=cfg)
+        dashboards.append(dash)
+        kind = len(dashboards) % 3
+        if kind == 1:
+            dash.start_run()
+        elif kind == 2:
+            dash.compare_ste()
+        else:
+            dash.config_panel.keep_alive.value = True
+            dash.start_run()
+        return pn.template.FastListTemplate(sidebar=[dash.sidebar], main=[dash.main], **template_kwargs())
+
+    port = _free_port()
+    thread = pn.serve({"app": app}, port=port, address="127.0.0.1", threaded=True, show=False, start=True,
+                      check_unused_sessions_milliseconds=100, unused_session_lifetime_milliseconds=200)
+
+    def up() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+    assert _wait(up, 20), "server did not start"
+    yield f"http://127.0.0.1:{port}/app", dashboards
+    for dash in dashboards:
+        for run in dash.owned_runs():
+            run.stop()
+            run.join(10)
+    thread.stop()
+
+
+def test_page_is_served_with_local_resources_only(server):
+    url, dashboards = server
+    n = len(dashboards)
+    html = urllib.request.urlopen(url, timeout=30).read().decode()
+    assert "qatlab" in html
+    refs = re.findall(r'(?:src|href)="([^"]*)"', html)
+    assert refs, "no resources found in the page"
+    external = [r for r in refs if re.match(r"^(https?:)?//", r)]
+    assert external == [], f"page references external hosts: {external}"
+    assert "fonts.googleapis" not in html and "cdn.jsdelivr" not in html and "unpkg.com" not in html
+    # that GET created a session which never connects: it expires and its run stops and is joined
+    assert _wait(lambda: len(dashboards) > n)
+    dash = dashboards[n]
+    assert _wait(lambda: dash.closed, 30), "unconnected session was not destroyed"
+    assert _wait(lambda: all(r.done for r in dash.owned_runs() if not r.keep_alive), 30)
+
+
+def test_sessions_stream_then_stop_and_join_their_runs(server):
+    url, dashboards = server
+    first = len(dashboards)
+    sessions, mine = [], []
+    try:
+        for i in range(3):
+            sessions.append(pull_session(url=url))
+            assert _wait(lambda: len(dashboards) > first + i)
+            dash = dashboards[first + i]
+            mine.append(dash)
+            assert dash.owner == sessions[-1].id
+            assert _wait(lambda: dash.streaming and dash.hub.ticks > 3, 30), "periodic callback is not running"
+            runs = dash.owned_runs()
+            assert _wait(lambda: all(len(dash.hub.stream(r).train.data["loss"]) > 0 for r in runs), 60), \
+                "no rows streamed"
+            for run in runs:   # paused runs stay alive but leave the 2 test cores to the server
+                run.pause()
+        assert sorted(len(d.owned_runs()) for d in mine) == [1, 1, 4]   # run, comparison, keep-alive run
+        assert all(r.status == "paused" for d in mine for r in d.owned_runs())
+    finally:
+        for s in sessions:
+            s.close()
+
+    for dash in mine:
+        assert _wait(lambda: dash.closed, 30), "session was not destroyed"
+        assert not dash.streaming
+        ticks = dash.hub.ticks
+        time.sleep(0.3)
+        assert dash.hub.ticks == ticks, "periodic callback still ticking after the session closed"
+    stopped = [r for d in mine for r in d.owned_runs() if not r.keep_alive]
+    kept = [r for d in mine for r in d.owned_runs() if r.keep_alive]
+    assert len(stopped) == 5 and len(kept) == 1
+    assert _wait(lambda: all(r.done and r.join(0) for r in stopped), 30), [r.status for r in stopped]
+    assert all(r.status == "stopped" for r in stopped)
+    assert all(d.reaper is None or _wait(lambda: not d.reaper.is_alive(), 30) for d in mine)
+    assert kept[0].status == "paused"           # keep-alive: outlives its session ...
+    assert kept[0] in ql.runs.all_runs()        # ... and stays listed for later sessions
+    kept[0].stop()
+    assert kept[0].join(30) and kept[0].status == "stopped"

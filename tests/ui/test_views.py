@@ -1,0 +1,360 @@
+"""qatlab.ui views without a server: build, feed MetricsLog rows, pull once, check sources and figures."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+pn = pytest.importorskip("panel")
+
+import qatlab as ql  # noqa: E402
+from bokeh.models import LogScale, VStrip  # noqa: E402
+from qatlab.ui import (ConfigPanel, Dashboard, PhaseView, QuantView, RunsTable, RunView,  # noqa: E402
+                       SteCompareView, StreamHub)
+from qatlab.ui.base import short_message  # noqa: E402
+from qatlab.ui.quant_view import histogram, level_bars  # noqa: E402
+from qatlab.ui.run_view import RunStatus, format_seconds, group_status  # noqa: E402
+from qatlab.ui.runs_table import runs_csv, runs_json  # noqa: E402
+from qatlab.ui.streaming import ema, train_columns  # noqa: E402
+from qatlab.ui.ste_compare import summary_frame  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:The inplace keyword")  # bokeh + pandas 3.1, in Tabulator
+
+
+def small_config(phase: bool = False, epochs: int = 2) -> ql.ExperimentConfig:
+    cfg = ql.ExperimentConfig()
+    cfg.model.hidden = [32]
+    cfg.optim.epochs = epochs
+    cfg.phase.enabled = phase
+    return cfg
+
+
+def feed(run: ql.Run, start: int, n: int, phases=(1, 1, 2, 2, 3), eval_every: int = 10) -> None:
+    """Append n training rows (and an eval row every ``eval_every``) the way a trainer would."""
+    n_layers = len(run.config.model.hidden) + 1
+    for s in range(start, start + n):
+        row = {"step": s, "epoch": s / 50, "time": 0.01 * s, "loss": 2.0 / (1 + 0.1 * s), "lr": 0.01,
+               "steps_per_second": 100.0, "active_grad_fraction": 0.7}
+        for i in range(n_layers):
+            row.update({f"grad_norm_{i}": 1.0 + i, f"noise_mse_{i}": 0.01, f"sqnr_db_{i}": 20.0, f"scale_{i}": 0.1,
+                        f"saturation_{i}": 0.0, f"frac_neg_{i}": 0.3, f"frac_zero_{i}": 0.4, f"frac_pos_{i}": 0.3})
+        if run.config.phase.enabled:
+            p = phases[s % len(phases)]
+            row.update({"phase": p, "backward_passes": s // 2, "speedup_steps": 1.5, "speedup_wall": 1.3,
+                        "pred_error": 0.2 if p == 3 else math.nan, "pred_cosine": 0.9 if p == 3 else math.nan,
+                        "full_len": 10, "predict_len": 40})
+        run.log.append(row)
+        if s % eval_every == 0:
+            run.log.append({"step": s, "epoch": s / 50, "time": 0.01 * s, "test_loss": 1.0 / s,
+                            "test_accuracy": min(1.0, s / 100), "train_accuracy": 0.5, "train_loss": 0.5})
+
+
+def names(fig) -> set[str]:
+    return {r.name for r in fig.renderers if r.name}
+
+
+# ---------------------------------------------------------------- streaming
+
+
+def test_ema_matches_debiased_reference():
+    x = np.array([1.0, 2.0, np.nan, 4.0, 3.0])
+    out, state = ema(x, 0.5)
+    ref, last, n = [], 0.0, 0
+    for v in x:
+        if np.isnan(v):
+            ref.append(np.nan)
+            continue
+        last, n = 0.5 * last + 0.5 * v, n + 1
+        ref.append(last / (1 - 0.5 ** n))
+    np.testing.assert_allclose(out, ref)
+    # continuing from the state equals smoothing everything at once
+    a, st = ema(x[:2], 0.5)
+    b, _ = ema(x[2:], 0.5, st)
+    np.testing.assert_allclose(np.concatenate([a, b]), out)
+    raw, _ = ema(x, 0.0)
+    np.testing.assert_array_equal(raw, x)
+
+
+def test_hub_pulls_only_the_runs_asked_for():
+    a, b = ql.Run(small_config()), ql.Run(small_config())
+    hub = StreamHub()
+    ra, rb = hub.stream(a), hub.stream(b)
+    feed(a, 1, 5, eval_every=10**9)
+    feed(b, 1, 5, eval_every=10**9)
+    assert hub.pull({a.id}) == 5
+    assert len(ra.train.data["loss"]) == 5 and len(rb.train.data["loss"]) == 0
+    assert hub.pull() == 5 and len(rb.train.data["loss"]) == 5   # b catches up later
+
+
+def test_stream_pull_grows_sources_and_splits_eval_rows():
+    run = ql.Run(small_config())
+    hub = StreamHub(smoothing=0.0)
+    rs = hub.stream(run)
+    assert rs.train.name == f"loss-source-{run.id}" and rs.eval.name == f"eval-source-{run.id}"
+    assert set(train_columns(run.config)) <= set(rs.train.data)
+    feed(run, 1, 30)
+    assert hub.pull() == 33
+    assert len(rs.train.data["loss"]) == 30
+    assert len(rs.eval.data["test_loss"]) == 3
+    np.testing.assert_allclose(rs.train.data["loss_s"], rs.train.data["loss"])  # smoothing 0 = raw
+    assert hub.pull() == 0  # nothing new: nothing streamed
+    feed(run, 31, 5)
+    hub.pull()
+    assert len(rs.train.data["loss"]) == 35 and rs.train.data["step"][-1] == 35
+
+
+def test_stream_decimates_long_histories():
+    run = ql.Run(small_config())
+    hub = StreamHub(cap=100)
+    rs = hub.stream(run)
+    feed(run, 1, 1000, eval_every=10**9)
+    hub.pull()
+    k = np.asarray(rs.train.data["k"])
+    assert len(k) <= 100 and rs.stride >= 8
+    assert np.all(k % rs.stride == 0) and k[0] == 0  # the beginning of the curve is kept
+    feed(run, 1001, 500, eval_every=10**9)
+    hub.pull()
+    assert len(rs.train.data["k"]) <= 100
+    assert rs.train.data["step"][-1] >= 1500 - rs.stride
+
+
+def test_phase_segments_are_run_length_encoded():
+    run = ql.Run(small_config(phase=True))
+    hub = StreamHub()
+    rs = hub.stream(run)
+    for s, p in enumerate([1, 1, 2, 2, 3], start=1):
+        run.log.append({"step": s, "time": 0.1 * s, "loss": 1.0, "phase": p})
+    hub.pull()
+    assert list(rs.phases.data["label"]) == ["FULL", "PREDICT", "CORRECT"]
+    np.testing.assert_array_equal(rs.phases.data["left"], [0, 2, 4])
+    np.testing.assert_array_equal(rs.phases.data["right"], [2, 4, 5])
+    run.log.append({"step": 6, "time": 0.6, "loss": 1.0, "phase": 3})   # extends the open segment (patch)
+    run.log.append({"step": 7, "time": 0.7, "loss": 1.0, "phase": 1})   # opens a new one (stream)
+    hub.pull()
+    np.testing.assert_array_equal(rs.phases.data["right"], [2, 4, 6, 7])
+    assert rs.phases.data["label"][-1] == "FULL"
+
+
+def test_smoothing_change_recomputes_smoothed_columns():
+    run = ql.Run(small_config())
+    hub = StreamHub(smoothing=0.0)
+    rs = hub.stream(run)
+    feed(run, 1, 50)
+    hub.pull()
+    hub.set_smoothing(0.9)
+    expected, _ = ema(np.asarray(rs.train.data["loss"]), 0.9)
+    np.testing.assert_allclose(rs.train.data["loss_s"], expected)
+
+
+# ---------------------------------------------------------------- views
+
+
+def test_run_view_renderers_log_scale_and_time_axis():
+    run = ql.Run(small_config(phase=True))
+    view = RunView(run)
+    feed(run, 1, 40)
+    view.pull()
+    rs = view.hub.stream(run)
+    assert len(rs.train.data["loss"]) == 40 and len(rs.phases.data["left"]) > 0
+    loss = view.figures["loss"]
+    assert loss.name == "fig-loss"
+    assert {f"loss-{run.id}", f"loss-raw-{run.id}", f"test-loss-{run.id}", f"phase-bands-{run.id}-FULL",
+            f"phase-bands-{run.id}-CORRECT"} <= names(loss)
+    assert {f"speedup-steps-{run.id}", f"speedup-wall-{run.id}"} <= names(view.figures["speedup"])
+    assert view.figures["loss"].x_range is view.figures["accuracy"].x_range  # linked x
+    legend = loss.legend[0]
+    assert legend.click_policy == "hide"
+    labels = [item.label["value"] for item in legend.items]
+    assert labels[:4] == ["WARMUP", "FULL", "PREDICT", "CORRECT"] and "train (EMA)" in labels
+    # legend entries are look-alike proxies (one NaN row) whose click toggles the real renderers by id
+    item = legend.items[labels.index("train (EMA)")]
+    proxy = item.renderers[0]
+    assert all(math.isnan(v) for v in proxy.data_source.data["x"])   # draws nothing
+    real = next(r for r in loss.renderers if r.name == f"loss-{run.id}")
+    assert proxy.js_property_callbacks["change:visible"][0].args["ids"] == [real.id]
+    assert "running" not in view.alert.object and "created" in view.alert.object
+
+    view.options.log_y = True
+    assert isinstance(view.figures["loss"].y_scale, LogScale)
+    view.options.x_axis = "time"
+    loss = view.figures["loss"]
+    glyphs = {r.name: r.glyph for r in loss.renderers}
+    assert glyphs[f"loss-{run.id}"].x == "time"
+    band = glyphs[f"phase-bands-{run.id}-FULL"]
+    assert isinstance(band, VStrip) and band.x0 == "left_t"
+    assert view.figures["loss"].xaxis[0].axis_label == "wall time (s)"
+
+
+def test_run_view_without_phases_has_no_speedup_figure():
+    run = ql.Run(small_config())
+    view = RunView(run)
+    assert "speedup" not in view.figures
+    assert all(not n.startswith("phase-bands") for n in names(view.figures["loss"]))
+
+
+def test_failed_run_message_shows_no_traceback():
+    run = ql.Run(small_config())
+    run.status = "failed"
+    run.message = 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: data: bad file'
+    view = RunView(run)
+    assert "Traceback" not in view.alert.object
+    assert "ValueError: data: bad file" in view.alert.object
+    assert view.alert.alert_type == "danger"
+    assert short_message(run.message) == "ValueError: data: bad file"
+
+
+def test_diverged_run_shows_status_and_message():
+    run = ql.Run(small_config())
+    run.status, run.message = "diverged", "loss became inf at step 12 (epoch 1); try a lower learning rate"
+    view = RunView(run)
+    status = RunStatus(runs=[run])
+    status.refresh()
+    assert view.alert.alert_type == "danger" and "diverged" in view.alert.object
+    assert "loss became inf at step 12" in view.alert.object
+    assert "diverged" in status.status.object and "loss became inf" in status.status.object
+
+
+def test_run_status_progress_text():
+    run = ql.Run(small_config())
+    status = RunStatus(runs=[run])
+    run.steps_done, run.total_steps = 0, 0
+    status.refresh()
+    assert "Status:** created" in status.status.object
+    assert format_seconds(75) == "1:15" and format_seconds(float("nan")) == "–"
+    other = ql.Run(small_config())
+    other.status = "finished"
+    assert group_status([run, other]) == "finished (1 created, 1 finished)"
+
+
+def test_ste_compare_view_small_multiples_and_ranking():
+    runs = {kind: ql.Run(small_config(), name=kind.value) for kind in ql.SteKind}
+    view = SteCompareView(runs)
+    for i, run in enumerate(runs.values()):
+        feed(run, 1, 20)
+        run.log.append({"step": 21, "epoch": 1, "time": 1.0 + i, "test_loss": 0.5, "test_accuracy": 0.5 + 0.1 * i})
+    view.hub.pull()
+    view.refresh(force=True)
+    assert {f"fig-ste-{c}" for c in ("loss", "accuracy", "grad_norm", "noise_mse", "sqnr_db",
+                                      "active_grad_fraction")} == {f.name for f in view.figures.values()}
+    assert len(names(view.figures["loss"])) == 4
+    run0 = next(iter(runs.values()))
+    assert {f"ste-grad_norm_0-{run0.id}", f"ste-grad_norm_1-{run0.id}"} <= names(view.figures["grad_norm"])
+    assert len(names(view.figures["sqnr_db"])) == 8   # 2 layers x 4 kinds
+    first = next(iter(runs.values()))
+    assert len(view.hub.stream(first).train.data["loss"]) == 20
+    table = view.summary
+    assert list(table["rank"]) == [1, 2, 3, 4]
+    assert list(table["ste"]) == ["hard_tanh", "tanh", "clipped_identity", "identity"]  # best accuracy first
+    assert view.table.object.index("hard_tanh") < view.table.object.index("clipped_identity")
+    assert summary_frame({}).empty
+
+
+def test_quant_view_histograms_follow_weight_snapshot():
+    run = ql.Run(small_config())
+    view = QuantView(run)
+    rng = np.random.default_rng(0)
+    latent = rng.normal(size=(32, 64)).astype(np.float32)
+    alpha = float(np.mean(np.abs(latent)))
+    quantized = (np.clip(np.rint(latent / alpha), -1, 1) * alpha).astype(np.float32)
+    run._publish_weights({"layer0": (latent, quantized), "layer1": (rng.normal(size=(10, 32)), np.zeros((10, 32)))})
+    feed(run, 1, 10)
+    view.pull()
+    lat = view.hist_sources["latent-0"].data
+    qnt = view.hist_sources["quant-0"].data
+    assert view.hist_sources["latent-0"].name == "hist-latent-layer0"
+    assert lat["count"].sum() == latent.size and len(lat["count"]) == 60
+    assert len(qnt["count"]) == 3 and qnt["count"].sum() == latent.size  # ternary: three bars
+    assert {f"frac-neg-0-{run.id}", f"frac-zero-1-{run.id}"} <= names(view.figures["fractions"])
+    assert f"scale-1-{run.id}" in names(view.figures["scale"])
+    assert level_bars(np.zeros(0))["count"].size == 0 and histogram(np.ones(5))["count"].sum() == 5
+
+
+def test_phase_view_figures_and_placeholder():
+    off = PhaseView(ql.Run(small_config()))
+    assert off.figures == {} and "off" in off.intro.object
+    run = ql.Run(small_config(phase=True))
+    view = PhaseView(run)
+    feed(run, 1, 25)
+    view.pull()
+    assert {"fig-phase-timeline", "fig-phase-backward", "fig-phase-pred", "fig-phase-lengths"} == \
+        {f.name for f in view.figures.values()}
+    assert f"pred-error-{run.id}" in names(view.figures["pred"])
+    assert len(view.hub.stream(run).train.data["pred_error"]) == 25
+
+
+def test_runs_table_lists_runs_overlays_selection_and_downloads():
+    a, b = ql.Run(small_config(), name="alpha"), ql.Run(small_config(), name="beta")
+    feed(a, 1, 5)
+    table = RunsTable()
+    ids = list(table.table.value["id"])
+    assert a.id in ids and b.id in ids
+    table.table.selection = [ids.index(a.id), ids.index(b.id)]
+    assert [r.id for r in table.selected_runs()] == [a.id, b.id]
+    assert {f"runs-loss-{a.id}", f"runs-loss-{b.id}"} <= names(table.figures["loss"])
+    text = table._csv_file().getvalue()
+    header = text.splitlines()[0].split(",")
+    assert header[:2] == ["run_id", "name"] and "loss" in header
+    assert sum(1 for line in text.splitlines() if line.startswith(a.id)) == len(a.log)
+    configs = json.loads(table._json_file().getvalue())
+    assert set(configs) == {a.id, b.id} and configs[a.id]["config"]["model"]["hidden"] == [32]
+    assert runs_csv([]).startswith("run_id,name") and json.loads(runs_json([])) == {}
+
+
+def test_config_panel_refuses_invalid_config_without_traceback():
+    panel = ConfigPanel()
+    panel.config.data.dataset = "file"   # needs a path
+    assert panel.validated() is None
+    assert panel.error.visible and "path" in panel.error.object and "Traceback" not in panel.error.object
+    panel.config.data.dataset = "digits"
+    assert isinstance(panel.validated(), ql.ExperimentConfig) and not panel.error.visible
+    labels = {panel.start_button.name, panel.stop_button.name, panel.compare_button.name}
+    assert labels == {"Start", "Stop", "Compare STE kinds"}
+    assert panel.keep_alive.name == "Keep running after this page closes"
+
+
+def test_dashboard_invalid_start_creates_no_run():
+    dash = Dashboard(period=0)
+    dash.config_panel.config.data.dataset = "file"
+    before = len(ql.runs.all_runs())
+    assert dash.start_run() is None and dash.compare_ste() is None
+    assert len(ql.runs.all_runs()) == before
+
+
+@pytest.mark.slow
+def test_dashboard_trains_streams_and_closes():
+    dash = Dashboard(config=small_config(epochs=2), period=0)
+    run = dash.start_run()
+    assert run.owner == dash.owner and dash.overview.run is run
+    assert run.join(60)
+    dash.pull()
+    dash.status.refresh(force=True)   # text is throttled to about 2 Hz
+    rs = dash.hub.stream(run)
+    assert run.status == "finished", run.message
+    assert len(rs.train.data["loss"]) > 0 and len(rs.eval.data["test_accuracy"]) == 2
+    assert "Status:** finished" in dash.status.status.object
+    dash.tabs.active = 2   # Quantization: built lazily when shown, histograms from the last snapshot
+    assert dash.quant.figures and dash.quant.hist_sources["latent-0"].data["count"].sum() > 0
+
+    dash.config_panel.config.optim.epochs = 10_000   # long runs: still training when the session closes
+    runs = dash.compare_ste()
+    assert len(runs) == 4 and dash.ste.runs == runs and dash.tabs.active == 1
+    assert all(r.owner == dash.owner and not r.keep_alive for r in runs.values())
+    survivor = ql.Run(dash.config_panel.config, owner=dash.owner, keep_alive=True).start()
+    stopped = dash.close(join_timeout=30)
+    assert set(stopped) == set(runs.values())
+    assert all(r.status == "stopped" and r.join(0) for r in runs.values())
+    assert survivor.status == "running"   # keep-alive runs outlive the session
+    survivor.stop()
+    assert survivor.join(30)
+
+
+def test_keep_alive_checkbox_applies_to_live_runs():
+    dash = Dashboard(config=small_config(epochs=10_000), period=0)
+    run = dash.start_run()
+    dash.config_panel.keep_alive.value = True
+    assert run.keep_alive
+    assert dash.close(join_timeout=30) == [] and run.status == "running"
+    run.stop()
+    assert run.join(30)
