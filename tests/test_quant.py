@@ -829,3 +829,26 @@ def test_calibrate_follows_the_current_axis(rng, first, then):
     assert np.array_equal(fq.forward(x), ref.fq_forward_pc(x, then, np.atleast_1d(rs) * np.ones(x.shape[then], F32),
                                                            np.zeros(x.shape[then], np.int64), -128, 127)
                           if then is not None else ref.fq_forward(x, float(rs), 0, -128, 127))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("parts", [2, 3])
+def test_split_across_cores_is_bit_identical(rng, monkeypatch, kind, parts):
+    """Large tensors are split across threads; the result is the same as one thread, bit for bit."""
+    import qatlab.quant as Q
+    fq = make(8, True, False, 0.02, 0, ste=kind)
+    x = rng.normal(0, 1.5, 10_007).astype(F32)        # odd size: unequal slices, some clamped values
+    g = rng.uniform(-1, 1, x.size).astype(F32)
+    y1, dx1 = fq.forward(x), fq.backward(g, x)          # below the threshold: one thread
+    monkeypatch.setattr(Q, "SPLIT_MIN_ELEMENTS", 1000)
+    monkeypatch.setattr(Q.os, "cpu_count", lambda: parts)
+    monkeypatch.setattr(Q, "_POOL", None)
+    y2, dx2 = fq.forward(x), fq.backward(g, x)
+    assert Q._POOL is not None and Q._POOL._max_workers == parts - 1   # the split path really ran
+    assert np.array_equal(y1, y2) and np.array_equal(dx1, dx2)
+    qmin, qmax = fq.quant_range()
+    assert np.array_equal(y2, ref.fq_forward(x, 0.02, 0, qmin, qmax))
+    inplace = x.copy()
+    fq.forward(inplace, out=inplace)                     # out aliasing x, split in slices
+    assert np.array_equal(inplace, y1)
+    Q._POOL.shutdown()
