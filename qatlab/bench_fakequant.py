@@ -16,19 +16,19 @@ At each size (default 4K, 256K and 16M float32 elements; ``--quick``: 4K and
 
 Data: ``x, g ~ N(0, 1)`` float32, 8-bit symmetric, scale 3/127 (about 0.3 % of
 x is clamped). The ``kernel`` rows run on one thread; ``FakeQuantize`` splits a tensor of at
-least ``qatlab.quant.SPLIT_MIN_ELEMENTS`` (1M) elements across the cores (the 16M rows). Goals (issue 2) are printed
+least ``qatlab.parallel.MIN_ELEMENTS`` (1M) elements across the cores (the 16M rows). Goals (issue 2) are printed
 as PASS / MISS / SKIP lines from the medians; nothing is tuned per goal.
 """
 from __future__ import annotations
 
 import contextlib
-import os
 
 import numpy as np
 
 from .benchkit import BenchOptions, Column, Goal, SuiteResult, Table, measure_many, suite
 from .kernels import fakequant as K
-from .quant import SPLIT_MIN_ELEMENTS, FakeQuantize
+from . import parallel
+from .quant import FakeQuantize
 from .ste import SteKind
 
 KI, MI = 2**10, 2**20
@@ -331,7 +331,7 @@ def run(opts: BenchOptions) -> SuiteResult:
     notes = [
         f"data x, g ~ N(0,1) float32; {BITS}-bit symmetric, scale {SCALE:.6g}, zero-point 0",
         "np.copyto and the kernel rows run on one thread; FakeQuantize.forward/backward split tensors of "
-        f">= {SPLIT_MIN_ELEMENTS:,} elements across the {os.cpu_count()} cores; % copy = GB/s / copy GB/s of the same size and run, "
+        f">= {parallel.MIN_ELEMENTS:,} elements across {parallel.cores()} cores; % copy = GB/s / copy GB/s of the same size and run, "
         f"counting {FWD_BYTES} B/elem forward, {BWD_BYTES} B/elem backward, {FWD_BWD_BYTES} B/elem fwd+bwd",
         "backward identity only reads g (dx = g), so its nominal 12 B/elem overstates its traffic "
         "and its % copy can exceed 100",

@@ -12,7 +12,9 @@ on fixed synthetic data (x ~ U[0, 1), random labels) for each shape. Side by sid
 
 * **numpy floor**: the five matrix products of that step in plain numpy with preallocated
   outputs, ``np.matmul(out=)``: ``x @ W1.T``, ``h @ W2.T``, ``dY.T @ h``, ``dY @ W2``, ``dH.T @ x``.
-  No quantization, no activation, no loss, no optimizer: a lower bound no implementation reaches.
+  No quantization, no activation, no loss, no optimizer: the one-thread lower bound. qatlab splits
+  products of at least ``qatlab.parallel.MIN_MACS`` multiply-adds across the cores, so at the
+  largest shapes its step can take less time than this floor.
 * **PyTorch eager** (when importable), ``torch.set_num_threads(1)``: nn.Linear layers, absmean
   ternary weights through an ``autograd.Function`` with an identity STE, ``F.cross_entropy``,
   ``torch.optim.Adam`` (see :mod:`qatlab.bench_torch_ref`). Torch at its default thread count is
@@ -35,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import parallel
 from .benchkit import BenchOptions, Column, Goal, SuiteResult, Table, measure_many, suite
 from .kernels import fakequant as KF
 from .kernels.dense import IDENTITY, RELU, act_backward_inplace, bias_act_inplace, softmax_cross_entropy
@@ -196,7 +199,7 @@ def _pieces(sizes, batch, x, labels):
     def fwd_matmuls():
         a = x
         for h, w in zip(hs, wqT):
-            np.dot(a, w, out=h)
+            parallel.dot(a, w, out=h)
             a = h
 
     def bias_act():
@@ -211,9 +214,9 @@ def _pieces(sizes, batch, x, labels):
 
     def bwd_matmuls():
         for i in range(last, -1, -1):
-            np.dot(ds[i].T, x if i == 0 else hs[i - 1], out=dw[i])
+            parallel.dot(ds[i].T, x if i == 0 else hs[i - 1], out=dw[i])
             if i > 0:
-                np.dot(ds[i], wq[i], out=ds[i - 1])
+                parallel.dot(ds[i], wq[i], out=ds[i - 1])
 
     def act_bwd():
         for i in range(last, -1, -1):
@@ -251,7 +254,7 @@ BREAKDOWN = (
     ("quantize", "quantize: TernaryQuantizer.forward x L (absmean + fake-quant)", "leaf"),
     ("abs_mean_kernel", "  of which kernel abs_mean (alpha, float64 sum)", "detail"),
     ("fq_kernel", "  of which kernel fq_forward (rint/clamp/scale)", "detail"),
-    ("fwd_matmuls", "forward matmuls: np.dot(a, Wq.T, out=) x L", "leaf"),
+    ("fwd_matmuls", "forward matmuls: parallel.dot(a, Wq.T, out=) x L", "leaf"),
     ("bias_act", "forward bias + activation: bias_act_inplace x L", "leaf"),
     ("forward", "= mlp.forward total", "total"),
     ("loss", "loss: cross_entropy_loss (softmax + dL/dy)", "leaf"),
@@ -508,7 +511,9 @@ def run(opts: BenchOptions) -> SuiteResult:
     loaded_txt = ", ".join(f"{k}: {v} thread(s)" for k, v in loaded.items()) or "threadpoolctl not available"
     notes = [
         f"OPENBLAS_NUM_THREADS={blas} (set by `import qatlab` unless already set); BLAS in this process: "
-        f"{loaded_txt}; qatlab's np.dot and the numpy floor use that same BLAS",
+        f"{loaded_txt}; qatlab's products and the numpy floor use that same BLAS; qatlab splits a product of "
+        f">= {parallel.MIN_MACS:,} multiply-adds into row blocks on {parallel.cores()} cores (qatlab.parallel), "
+        "the floor runs on one thread",
         "qatlab step: mlp.forward (TernaryQuantizer, identity STE, on every layer) + cross_entropy_loss + "
         "mlp.backward(need_input_grad=False) + Adam.step(flat), lr 1e-2; synthetic x ~ U[0,1), random labels",
         "numpy floor: the 5 matmuls x@W1.T, h@W2.T, dY.T@h, dY@W2, dH.T@x with np.matmul(out=), nothing else",

@@ -35,6 +35,7 @@ import numbers
 
 import numpy as np
 
+from . import parallel
 from .kernels.dense import (ACT_CODES, IDENTITY, act_backward_inplace, bias_act_inplace, mse,
                             scale_inplace, softmax_cross_entropy, sum_squares)
 
@@ -225,7 +226,8 @@ class Mlp:
         """Output (B, K) float32 for x (B, in), B <= scratch.batch_size: a view into ``scratch``,
         valid until the next forward with it. x is converted to float32 if needed (a copy).
 
-        Per layer: ``np.dot(a, W.T, out=h)`` (NumPy BLAS) then one fused bias + activation kernel.
+        Per layer: ``h = a @ W.T`` (NumPy BLAS; row blocks on several cores when large, see
+        :mod:`qatlab.parallel`) then one fused bias + activation kernel.
         """
         x_in = x
         x = self._input(x, scratch)
@@ -243,7 +245,7 @@ class Mlp:
                 scratch._w_used[i] = scratch._wq[i]
                 wT = scratch._wqT[i]
             scratch._a_in[i] = a
-            np.dot(a, wT, out=h[i])
+            parallel.dot(a, wT, out=h[i])
             if i == last:
                 bias_act_inplace(h[i], self._b[i], IDENTITY)
             else:
@@ -289,17 +291,17 @@ class Mlp:
         last = self.num_layers - 1
         for i in range(last, -1, -1):
             act_backward_inplace(d[i], h[i], IDENTITY if i == last else self._act, grads._db[i])
-            np.dot(dT[i], scratch._a_in[i], out=grads._dw[i])
+            parallel.dot(dT[i], scratch._a_in[i], out=grads._dw[i])
             q = self._wq[i]
             if q is not None:
                 q.backward(grads._dw[i], self._w[i], grads._dw[i])
             if i > 0:
-                np.dot(d[i], scratch._w_used[i], out=d[i - 1])
+                parallel.dot(d[i], scratch._w_used[i], out=d[i - 1])
                 aq = self._aq[i - 1]
                 if aq is not None:
                     aq.backward(d[i - 1], h[i - 1], d[i - 1])
             elif need_input_grad:
-                np.dot(d[0], scratch._w_used[0], out=d_input)
+                parallel.dot(d[0], scratch._w_used[0], out=d_input)
         grads._input_batch = B if need_input_grad else 0
         return grads.d_input() if need_input_grad else None
 

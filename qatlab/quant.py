@@ -30,43 +30,15 @@ in units of the range, the surrogate has the same shape at every bit width.
 from __future__ import annotations
 
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import param
 
+from . import parallel
 from .kernels import fakequant as K
 from .ste import SteKind
 
 FLOAT32_EPS = float(np.finfo(np.float32).eps)
-
-#: Per-tensor forward/backward of at least this many elements is split across the cores (the
-#: kernels are element-wise and ``nogil``): one thread does not saturate memory bandwidth
-#: (measured at 16M elements: 9.8 ms on one thread, 6.7 ms on two). Smaller tensors -- every
-#: layer of the MLPs trained here -- stay on the calling thread, so concurrent runs never
-#: oversubscribe the machine.
-SPLIT_MIN_ELEMENTS = 1 << 20
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _elementwise(kernel, arrays, scalars, out) -> None:
-    """``kernel(*arrays, *scalars, out)`` over flat (n,) arrays, split in equal slices across the
-    cores when n >= SPLIT_MIN_ELEMENTS (same result, bit for bit: every element is independent)."""
-    global _POOL
-    n = out.shape[0]
-    parts = min(os.cpu_count() or 1, 8) if n >= SPLIT_MIN_ELEMENTS else 1   # cpu_count reads /sys: not per call
-    if parts < 2:
-        kernel(*arrays, *scalars, out)
-        return
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(parts - 1, thread_name_prefix="qatlab-fq")
-    bounds = [n * k // parts for k in range(parts + 1)]
-    pieces = [([a[lo:hi] for a in arrays], out[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
-    futures = [_POOL.submit(kernel, *a, *scalars, o) for a, o in pieces[1:]]
-    kernel(*pieces[0][0], *scalars, pieces[0][1])
-    for f in futures:
-        f.result()
 
 
 # ----------------------------------------------------------------------------- input checks
@@ -422,7 +394,7 @@ class FakeQuantize(param.Parameterized):
         xv, channels = self._views(x)
         inv_s, s, zp, _, _, qmin, qmax = self._kernel_params(channels)
         if channels is None:
-            _elementwise(K.fq_forward, (xv,), (inv_s, s, zp, qmin, qmax), out.reshape(-1))
+            parallel.elementwise(K.fq_forward, (xv,), (inv_s, s, zp, qmin, qmax), out.reshape(-1))
         else:
             K.fq_forward_pc(xv, inv_s, s, zp, qmin, qmax, out.reshape(xv.shape))
         return out
@@ -459,7 +431,7 @@ class FakeQuantize(param.Parameterized):
         if want_scale:  # before the kernel: out may alias grad_output
             d_scale = self._lsq_scale_grad(xv, gv, inv_s, zp, qmin, qmax, channels)
         if channels is None:
-            _elementwise(K.fq_backward, (xv, gv), (code, inv_s, zp, qmin, qmax, c, inv_h), out.reshape(-1))
+            parallel.elementwise(K.fq_backward, (xv, gv), (code, inv_s, zp, qmin, qmax, c, inv_h), out.reshape(-1))
         else:
             K.fq_backward_pc(xv, gv, code, inv_s, zp, qmin, qmax, c, inv_h, out.reshape(xv.shape))
         if learn_scale:

@@ -500,3 +500,27 @@ def test_training_step_does_not_allocate_arrays():
     tracemalloc.stop()
     assert peak < 4096, peak  # the smallest buffer here (the 64 x 10 output) is 2560 bytes
     assert last < first
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_large_products_split_across_cores_match_one_thread(monkeypatch, parts):
+    """Above parallel.MIN_MACS the dense products run as row blocks on several threads; the
+    forward, the gradients and dL/dx agree with the one-thread products to float32 rounding."""
+    from qatlab import parallel
+    sizes = [40, 96, 7]
+    mlp = Mlp(sizes, activation="relu", seed=11)
+    randomize_biases(mlp)
+    x, labels, _ = data(70, seed=12, sizes=sizes)
+    y1, loss1, g1, dx1 = step(mlp, x, "xent", labels, None)
+    splits = []
+    split_rows = parallel.split_rows
+    monkeypatch.setattr(parallel, "split_rows", lambda fn, n, p: splits.append((n, p)) or split_rows(fn, n, p))
+    monkeypatch.setattr(parallel, "MIN_MACS", 1)
+    monkeypatch.setattr(parallel, "_cores", parts)
+    y2, loss2, g2, dx2 = step(mlp, x, "xent", labels, None)
+    # forward 70 rows x2 layers, dW0 (96 rows), dW1 (7 rows: too few to split), d_prev and dx (70 rows)
+    assert (70, 2) in splits and (96, min(parts, 3)) in splits and all(n >= 64 for n, _ in splits)
+    np.testing.assert_allclose(y2, y1, rtol=1e-5, atol=1e-6)
+    assert loss2 == pytest.approx(loss1, rel=1e-6)
+    np.testing.assert_allclose(g2.flat(), g1.flat(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(dx2, dx1, rtol=1e-5, atol=1e-7)

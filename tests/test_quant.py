@@ -835,20 +835,21 @@ def test_calibrate_follows_the_current_axis(rng, first, then):
 @pytest.mark.parametrize("parts", [2, 3])
 def test_split_across_cores_is_bit_identical(rng, monkeypatch, kind, parts):
     """Large tensors are split across threads; the result is the same as one thread, bit for bit."""
-    import qatlab.quant as Q
+    from qatlab import parallel
     fq = make(8, True, False, 0.02, 0, ste=kind)
     x = rng.normal(0, 1.5, 10_007).astype(F32)        # odd size: unequal slices, some clamped values
     g = rng.uniform(-1, 1, x.size).astype(F32)
     y1, dx1 = fq.forward(x), fq.backward(g, x)          # below the threshold: one thread
-    monkeypatch.setattr(Q, "SPLIT_MIN_ELEMENTS", 1000)
-    monkeypatch.setattr(Q.os, "cpu_count", lambda: parts)
-    monkeypatch.setattr(Q, "_POOL", None)
+    calls = []
+    split_rows = parallel.split_rows
+    monkeypatch.setattr(parallel, "split_rows", lambda fn, n, p: calls.append(p) or split_rows(fn, n, p))
+    monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1000)
+    monkeypatch.setattr(parallel, "_cores", parts)
     y2, dx2 = fq.forward(x), fq.backward(g, x)
-    assert Q._POOL is not None and Q._POOL._max_workers == parts - 1   # the split path really ran
+    assert calls == [parts, parts]                      # the split path really ran
     assert np.array_equal(y1, y2) and np.array_equal(dx1, dx2)
     qmin, qmax = fq.quant_range()
     assert np.array_equal(y2, ref.fq_forward(x, 0.02, 0, qmin, qmax))
     inplace = x.copy()
     fq.forward(inplace, out=inplace)                     # out aliasing x, split in slices
     assert np.array_equal(inplace, y1)
-    Q._POOL.shutdown()

