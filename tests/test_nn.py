@@ -524,3 +524,7 @@ def test_large_products_split_across_cores_match_one_thread(monkeypatch, parts):
     assert loss2 == pytest.approx(loss1, rel=1e-6)
     np.testing.assert_allclose(g2.flat(), g1.flat(), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(dx2, dx1, rtol=1e-5, atol=1e-7)
+    with parallel._splitting:            # another thread's split holds the pool: same slices, serially
+        y3, loss3, g3, dx3 = step(mlp, x, "xent", labels, None)
+    assert np.array_equal(y3, y2) and loss3 == loss2 and np.array_equal(g3.flat(), g2.flat())
+    assert np.array_equal(dx3, dx2)
