@@ -6,6 +6,11 @@ import os as _os
 # for 64-256-10 at batch 64). Must be set before numpy/scipy load their OpenBLAS; an explicit
 # setting in the environment wins.
 _os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import sys as _sys
+
+if "numpy" in _sys.modules:   # imported first (a notebook's `import numpy`, Panel under `panel serve`):
+    from .blas import limit_blas_threads as _limit   # its OpenBLAS already read the environment
+    _limit()
 from .ste import SteKind
 from .config import (DataConfig, ExperimentConfig, ModelConfig, OptimConfig, PhaseConfig, PredictionConfig,
                      QatConfig, QuantConfig, TernaryConfig, VSAConfig)

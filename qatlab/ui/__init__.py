@@ -35,10 +35,7 @@ Run ids are ``run-0001``, ``run-0002``, ... (``Run.id``). Tabs are ``Overview``,
 ``STE comparison``, ``Quantization``, ``Phases``, ``Runs``; a tab's figures are built and
 enter the page when the tab is opened, and only the open tab's runs are streamed.
 """
-from .blas import limit_blas_threads
-
-limit_blas_threads()  # Panel imported numpy before qatlab could set OPENBLAS_NUM_THREADS (see .blas)
-
+from ..blas import limit_blas_threads  # noqa: F401  (re-exported; `import qatlab` applies it)
 from .base import LiveView, PlotOptions  # noqa: E402
 from .config_panel import ConfigPanel  # noqa: E402
 from .dashboard import DASHBOARDS, Dashboard  # noqa: E402

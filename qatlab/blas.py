@@ -1,11 +1,13 @@
-"""Keep BLAS single-threaded in the dashboard process.
+"""Keep BLAS single-threaded whatever was imported first.
 
 ``qatlab/__init__.py`` sets ``OPENBLAS_NUM_THREADS=1`` (several runs train at once
-on small matrices; a multi-threaded OpenBLAS was measured ~10x slower). That only
-works if numpy's OpenBLAS has not been loaded yet, and under ``panel serve`` Panel
-and Bokeh import numpy first. Measured here: the default config trained at
-~28 steps/s in the server vs ~1700 headless; with one BLAS thread the server
-matches headless. :func:`limit_blas_threads` applies the limit at run time.
+on small matrices; a multi-threaded OpenBLAS was measured ~10x slower, and large products
+are split across cores by :mod:`qatlab.parallel` instead). That only works if numpy's
+OpenBLAS has not been loaded yet; a notebook's ``import numpy`` or Panel under ``panel serve``
+load it first. Measured here: the default config trained at ~28 steps/s in the server vs
+~1700 headless; with one BLAS thread the server matches headless, and a run gives the same
+numbers whether numpy or qatlab was imported first. ``import qatlab`` calls
+:func:`limit_blas_threads` when numpy is already loaded.
 """
 from __future__ import annotations
 
