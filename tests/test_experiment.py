@@ -12,7 +12,7 @@ import qatlab as ql
 from qatlab.metrics import MetricsLog
 from qatlab.quant import FLOAT32_EPS, FakeQuantize, TernaryQuantizer
 from qatlab.train.build import build_model
-from qatlab.train.experiment import _Loss, evaluate, layer_row, train_experiment
+from qatlab.train.experiment import EVAL_CHUNK, _Loss, evaluate, layer_row, train_experiment
 
 DIGITS_TRAIN = 1438                      # 1797 - round(0.2 * 1797) = 1797 - 359
 
@@ -495,3 +495,33 @@ def test_quality_floors_on_digits():
         assert res.status == "finished", res.message
         got[name] = res.final["test_accuracy"]
     assert all(got[name] >= floor for name, (_, floor) in floors.items()), got
+
+
+def test_phase_mode_predict_steps_run_forward_only_for_a_metrics_row(monkeypatch):
+    calls = {"forward": 0, "backward": 0}
+    for name in calls:
+        real = getattr(ql.Mlp, name)
+
+        def counting(self, *a, _real=real, _name=name, **k):
+            calls[_name] += 1
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(ql.Mlp, name, counting)
+    cfg = phase_cfg(epochs=3)
+    cfg.metrics_every = 4
+    log = MetricsLog()
+    res = train_experiment(cfg, log)                  # 69 steps: FULL 1-10, PREDICT/CORRECT 11-50, FULL 51-60, ...
+    assert res.status == "finished"
+    h = res.history
+    tr = train_rows(h)
+    steps = h["step"][tr].astype(int)
+    assert steps.tolist() == [1] + list(range(4, 70, 4))
+    assert np.isfinite(h["loss"][tr]).all()           # every row measured its loss
+    phase = h["phase"][tr].astype(int)
+    predict_rows = int(np.count_nonzero(phase == int(ql.TrainingPhase.PREDICT)))
+    assert predict_rows > 0
+    ds = ql.data.load_digits()                        # test + train evaluation after every epoch
+    evals = 3 * sum(math.ceil(len(y) / EVAL_CHUNK) for y in (ds.y_train, ds.y_test))
+    assert calls["backward"] == res.final["backward_passes"] == 24
+    assert calls["forward"] == 24 + predict_rows + evals
+    assert math.isfinite(res.final["train_loss"])

@@ -273,6 +273,46 @@ def test_out_buffers():
     np.testing.assert_array_equal(target["b"], pt.get_predicted_gradients()["b"])
 
 
+def test_flat_gradients_in_and_out_match_the_dicts():
+    """One flat (n,) array in layout order works as the dicts do, with the same checks."""
+    a, b = (PhaseTrainer(SHAPES, cfg(full_steps=2, predict_steps=2, correct_every=2)) for _ in range(2))
+    n = a.layout.size
+    out_a, out_b = np.zeros(n, F32), np.zeros(n, F32)
+    for t in range(8):                                 # F F P C F F P C
+        ia, ib = a.begin_step(), b.begin_step()
+        assert ia.phase is ib.phase
+        if ia.needs_backward:
+            a.record_full_gradients(grad_at(t))
+            b.record_full_gradients(flat(grad_at(t)).astype(F32))
+            assert b.gradients_for_update(out=out_b) is out_b
+            np.testing.assert_array_equal(flat(a.gradients_for_update()), out_b)
+        else:
+            b.get_predicted_gradients(out=out_b)
+            np.testing.assert_array_equal(flat(a.get_predicted_gradients()), out_b)
+        a.end_step(1.0), b.end_step(1.0)
+    b.begin_step()
+    bad = flat(grad_at(0)).astype(F32)
+    bad[-1] = np.nan                                   # the last element belongs to "b"
+    with pytest.raises(ValueError, match=r"grads\['b'\]: contains NaN or inf"):
+        b.record_full_gradients(bad)
+    with pytest.raises(ValueError, match=rf"grads: a flat array must be float32 of shape \({n},\)"):
+        b.record_full_gradients(np.zeros(n + 1, F32))
+    assert b.get_stats().micro_batches == a.get_stats().micro_batches   # nothing was recorded
+    b.record_full_gradients(flat(grad_at(0)).astype(F32))
+    with pytest.raises(ValueError, match="out: a flat array must be float32"):
+        b.gradients_for_update(out=np.zeros(n, np.float64))
+
+
+def test_unmeasured_loss_is_left_out_of_the_means():
+    pt = PhaseTrainer(SHAPES, cfg(full_steps=1, predict_steps=3, correct_every=3, adaptive_phases=False))
+    for loss in (3.0, None, 5.0, 1.0):               # F P P C: the first PREDICT loss not measured
+        step(pt, loss=loss)
+    s = pt.get_stats()
+    assert s.predict_steps == 2 and s.mean_loss["predict"] == 5.0 and s.mean_loss["correct"] == 1.0
+    with pytest.raises(ValueError, match="finite number or None"):
+        pt.begin_step(), pt.record_full_gradients(grad_at(0)), pt.end_step(float("inf"))
+
+
 # ----------------------------------------------------------------- adaptive phases
 def run_cycle(pt, full_loss, block_loss):
     f, p = pt.phase_lengths

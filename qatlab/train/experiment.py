@@ -153,6 +153,7 @@ def train_experiment(cfg: ExperimentConfig, log: MetricsLog | None = None, repor
             lsq.step()
 
     log.meta.update(n_layers=mlp.num_layers, sizes=list(mlp.sizes), total_steps=total)
+    every = cfg.metrics_every   # a metrics row every `every` steps (and after the first)
 
     status, message = "finished", ""
     step, t0, last_snap = 0, time.perf_counter(), -math.inf
@@ -175,18 +176,19 @@ def train_experiment(cfg: ExperimentConfig, log: MetricsLog | None = None, repor
                 if math.isfinite(loss):
                     mlp.backward(xb, scratch, grads, need_input_grad=False)
                     update(grads.flat(), True)
-            else:
-                loss = phase.step(xb, yb, update)
+            else:   # a PREDICT step measures its loss only for a metrics row (None otherwise)
+                loss = phase.step(xb, yb, update, need_loss=(step + 1) % every == 0 or step == 0)
             step += 1
-            if not math.isfinite(loss):
-                status = "diverged"
-                message = (f"loss became {loss} at step {step} (epoch {epoch + 1}); "
-                           "try a lower learning rate or gradient clipping")
-                break
-            epoch_loss += loss * len(idx)
-            epoch_rows += len(idx)
+            if loss is not None:
+                if not math.isfinite(loss):
+                    status = "diverged"
+                    message = (f"loss became {loss} at step {step} (epoch {epoch + 1}); "
+                               "try a lower learning rate or gradient clipping")
+                    break
+                epoch_loss += loss * len(idx)
+                epoch_rows += len(idx)
             elapsed = time.perf_counter() - t0
-            if step % cfg.metrics_every == 0 or step == 1:
+            if step % every == 0 or step == 1:
                 row = {"step": step, "epoch": epoch + (start + len(idx)) / data.n_train, "time": elapsed,
                        "loss": loss, "lr": lr, "steps_per_second": step / elapsed if elapsed > 0 else math.nan,
                        "active_grad_fraction": _active_fraction(mlp, grads)}
@@ -201,7 +203,7 @@ def train_experiment(cfg: ExperimentConfig, log: MetricsLog | None = None, repor
                                  for i in range(mlp.num_layers)})
         if status != "finished":
             break
-        epoch_losses.append(epoch_loss / max(epoch_rows, 1))
+        epoch_losses.append(epoch_loss / epoch_rows if epoch_rows else math.nan)
         t_eval = time.perf_counter()
         test_loss, test_acc = evaluate(mlp, data.X_test, data.y_test, loss_fn, eval_scratch)
         _, train_acc = evaluate(mlp, data.X_train, data.y_train, loss_fn, eval_scratch)

@@ -37,7 +37,8 @@ max_grad_norm / (norm + 1e-6) when norm > max_grad_norm, as torch.nn.utils.clip_
 the history keeps the unclipped gradient.
 
 Adaptive phases (``adaptive_phases``), applied when a cycle with a predict block ends, with
-L_F / L_P the mean loss over that cycle's FULL steps / predict block::
+L_F / L_P the mean measured loss over that cycle's FULL steps / predict block (steps ended with
+``end_step(None)`` are left out)::
 
     r = (L_P - L_F) / max(|L_F|, 1e-12)
     r > loss_threshold              -> F += max(1, F0 // 4), P -= max(1, P0 // 4)   (predictions hurt)
@@ -109,7 +110,7 @@ class TrainerStats:
 
     Step counts are of completed steps; ``backward_passes`` = warmup + full + correct steps;
     ``micro_batches`` = real gradients recorded. ``mean_loss`` maps phase labels to the mean
-    loss over those steps (NaN if none). Prediction error / cosine are means over corrections.
+    loss over those steps whose loss was measured (NaN if none). Prediction error / cosine are means over corrections.
     """
 
     total_steps: int = 0
@@ -158,7 +159,8 @@ class PhaseTrainer:
         config: :class:`~qatlab.config.PhaseConfig`, validated and copied (``enabled`` is not
             consulted here: see :func:`make_phase_trainer`).
     Returned gradient dicts are views of internal float32 buffers, overwritten by the next
-    step; pass ``out=`` (dict of arrays) to have them copied instead.
+    step; pass ``out=`` (a dict of arrays, or one flat float32 (n,) array in ``layout`` order)
+    to have them copied instead.
     """
 
     def __init__(self, param_shapes, config: PhaseConfig | None = None):
@@ -167,6 +169,9 @@ class PhaseTrainer:
             raise TypeError(f"config: must be a PhaseConfig, got {type(config).__name__}")
         config.validate()
         self._config = config.copy()
+        c = self._config   # plain copies of what every step reads (a Param attribute costs ~1 us)
+        self._warmup_steps, self._correct_every = int(c.warmup_steps), int(c.correct_every)
+        self._accumulation, self._max_grad_norm = int(c.gradient_accumulation), float(c.max_grad_norm)
         self._layout = ParamLayout(param_shapes)
         n = self._layout.size
         self._real = np.zeros(n, dtype=np.float32)   # step's real gradient (mean of micro-batches)
@@ -195,6 +200,7 @@ class PhaseTrainer:
         self._cycle_loss = {"full": [0.0, 0], "block": [0.0, 0]}
         self._counts = {p: 0 for p in TrainingPhase}
         self._loss_sums = {p: 0.0 for p in TrainingPhase}
+        self._loss_counts = {p: 0 for p in TrainingPhase}
         self._seconds = [0.0, 0.0]       # backward steps, predict steps
         self._timed = [0, 0]
         self._micro_batches = self._cycles = self._clipped = 0
@@ -275,7 +281,7 @@ class PhaseTrainer:
 
     def _segment_length(self, segment: TrainingPhase) -> float:
         if segment is TrainingPhase.WARMUP:
-            return self._config.warmup_steps
+            return self._warmup_steps
         if segment is TrainingPhase.FULL:
             return self._full_len if self._full_len + self._predict_len > 0 else math.inf
         return self._predict_len
@@ -283,7 +289,7 @@ class PhaseTrainer:
     def _scheduled_phase(self) -> TrainingPhase:
         if self._segment is TrainingPhase.PREDICT:      # the predict block
             j = self._pos + 1
-            return TrainingPhase.CORRECT if j % self._config.correct_every == 0 else TrainingPhase.PREDICT
+            return TrainingPhase.CORRECT if j % self._correct_every == 0 else TrainingPhase.PREDICT
         return self._segment
 
     def _advance(self) -> None:
@@ -348,7 +354,8 @@ class PhaseTrainer:
                                f"{self._info.phase.name}")
 
     def record_full_gradients(self, grads: dict) -> None:
-        """Record one micro-batch's real gradients (dict name -> float32 array).
+        """Record one micro-batch's real gradients: a dict name -> float32 array, or one flat
+        float32 (n,) array with every parameter in ``layout`` order (e.g. ``Gradients.flat()``).
 
         Call exactly ``gradient_accumulation`` times per backward step; the k-th call forms
         the step's gradient (mean of the k, summed in float32 and scaled by 1/k), measures and
@@ -356,11 +363,13 @@ class PhaseTrainer:
         for :meth:`gradients_for_update`. Bad gradients raise ``ValueError``, nothing recorded.
         """
         self._require_step("record_full_gradients", backward=True)
-        k = self._config.gradient_accumulation
+        k = self._accumulation
         if self._micro >= k:
             raise RuntimeError(f"record_full_gradients: already called gradient_accumulation={k} times this step")
-        flats = self._layout.check(grads)
-        off = self._layout.offsets
+        if isinstance(grads, np.ndarray):   # one flat (n,) array: one check and one copy
+            flats, off = [self._layout.check_flat(grads)], (0, self._layout.size)
+        else:
+            flats, off = self._layout.check(grads), self._layout.offsets
         for t, g in enumerate(flats):
             seg = self._real[off[t]:off[t + 1]]
             if self._micro == 0:
@@ -393,7 +402,7 @@ class PhaseTrainer:
     def _clip_into_out(self, src: np.ndarray) -> None:
         norm = math.sqrt(sum_squares(src))
         self._last_norm = norm
-        limit = self._config.max_grad_norm
+        limit = self._max_grad_norm
         if limit > 0 and norm > limit:
             np.multiply(src, np.float32(limit / (norm + 1e-6)), out=self._out)
             self._clipped += 1
@@ -410,7 +419,15 @@ class PhaseTrainer:
         if not self._grad_ready:
             raise RuntimeError(f"gradients_for_update: record_full_gradients called {self._micro} of "
                                f"gradient_accumulation={self._config.gradient_accumulation} times")
-        return self._layout.copy_out(self._out, out) if out is not None else dict(self._out_views)
+        return self._hand_out(out)
+
+    def _hand_out(self, out):
+        if out is None:
+            return dict(self._out_views)
+        if isinstance(out, np.ndarray):
+            np.copyto(self._layout.check_flat(out, "out"), self._out)
+            return out
+        return self._layout.copy_out(self._out, out)
 
     def get_predicted_gradients(self, out: dict | None = None) -> dict[str, np.ndarray]:
         """The predicted gradient for this PREDICT step (correction included), clipped."""
@@ -419,7 +436,7 @@ class PhaseTrainer:
             self._predictor.predict(self._info.total_step, self._pred)
             self._clip_into_out(self._pred)
             self._pred_ready = True
-        return self._layout.copy_out(self._out, out) if out is not None else dict(self._out_views)
+        return self._hand_out(out)
 
     def apply_correction(self, grads: dict) -> CorrectionResult:
         """Manual correction: fold real ``grads`` measured at the current step into the
@@ -440,16 +457,21 @@ class PhaseTrainer:
         self._pred_ready = False
         return result
 
-    def end_step(self, loss: float) -> None:
-        """Finish the step: record its (finite) loss and time, advance the schedule."""
+    def end_step(self, loss: float | None) -> None:
+        """Finish the step: record its (finite) loss and time, advance the schedule.
+
+        ``loss=None`` means the step's loss was not measured (a PREDICT step that skipped its
+        forward pass too); the loss means and the adaptive rule then use the measured steps.
+        """
         if not self._in_step:
             raise RuntimeError("end_step: call begin_step() first")
-        try:
-            loss = float(loss)
-        except (TypeError, ValueError):
-            raise ValueError(f"loss: must be a finite number, got {loss!r}") from None
-        if not math.isfinite(loss):
-            raise ValueError(f"loss: must be a finite number, got {loss}")
+        if loss is not None:
+            try:
+                loss = float(loss)
+            except (TypeError, ValueError):
+                raise ValueError(f"loss: must be a finite number or None, got {loss!r}") from None
+            if not math.isfinite(loss):
+                raise ValueError(f"loss: must be a finite number or None, got {loss}")
         phase = self._info.phase
         if phase.needs_backward and not self._grad_ready:
             raise RuntimeError(f"end_step: step {self._info.total_step} is {phase.name}; call "
@@ -458,13 +480,13 @@ class PhaseTrainer:
         self._seconds[kind] += _clock() - self._t0
         self._timed[kind] += 1
         self._counts[phase] += 1
-        self._loss_sums[phase] += loss
-        if phase is TrainingPhase.FULL:
-            self._cycle_loss["full"][0] += loss
-            self._cycle_loss["full"][1] += 1
-        elif phase is not TrainingPhase.WARMUP:
-            self._cycle_loss["block"][0] += loss
-            self._cycle_loss["block"][1] += 1
+        if loss is not None:
+            self._loss_sums[phase] += loss
+            self._loss_counts[phase] += 1
+            if phase is not TrainingPhase.WARMUP:
+                acc = self._cycle_loss["full" if phase is TrainingPhase.FULL else "block"]
+                acc[0] += loss
+                acc[1] += 1
         self._prev_phase = phase
         self._in_step = False
         self._advance()
@@ -488,7 +510,8 @@ class PhaseTrainer:
             speedup_ratio=self.speedup_ratio, backward_seconds=self._seconds[0], predict_seconds=self._seconds[1],
             wallclock_speedup=self.wallclock_speedup(), full_length=self._full_len,
             predict_length=self._predict_len,
-            mean_loss={p.label: (self._loss_sums[p] / c[p] if c[p] else _NAN) for p in TrainingPhase},
+            mean_loss={p.label: (self._loss_sums[p] / n if (n := self._loss_counts[p]) else _NAN)
+                       for p in TrainingPhase},
             corrections=n_corr, correction_resets=self._corr_resets,
             mean_prediction_error=self._corr_err / n_corr if n_corr else _NAN,
             mean_prediction_cosine=self._corr_cos / n_corr if n_corr else _NAN,

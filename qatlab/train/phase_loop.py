@@ -2,10 +2,16 @@
 
 On WARMUP / FULL / CORRECT steps the batch is split into ``gradient_accumulation``
 micro-batches, each gets a real backward pass and is recorded; the mean (clipped)
-is what the optimizer sees. On PREDICT steps only the forward runs (for the
-loss); the backward pass is skipped and the predicted gradient is used instead.
-The gradients land in the model's flat gradient buffer, so the optimizer call is
-the same in both modes.
+is what the optimizer sees. On PREDICT steps the backward pass is skipped and the
+predicted gradient is used instead; the forward pass only measures the loss, so it runs
+only when the caller needs that loss (a metrics row is due): otherwise the step is the
+prediction and the optimizer update alone, and its loss is None. The gradients travel as
+the model's one flat gradient buffer (``Gradients.flat()``), so the optimizer call is the
+same in both modes.
+
+What a skipped forward changes: the epoch's train loss and the adaptive-phase rule average
+the measured steps (every FULL and CORRECT step, and PREDICT steps that log a row); a
+quantizer with an observer (``scale_mode="observer"``) sees only the batches that ran forward.
 """
 from __future__ import annotations
 
@@ -29,17 +35,18 @@ class PhaseStepper:
         self.trainer = PhaseTrainer(mlp.param_shapes(), cfg)
         self.k = cfg.gradient_accumulation
         self.mlp, self.scratch, self.grads, self.loss_fn = mlp, scratch, grads, loss_fn
-        self.grad_views = dict(grads.parameters())   # views into grads.flat()
         self._last_correction_step = -1
 
-    def step(self, xb: np.ndarray, yb: np.ndarray, update) -> float:
-        """Forward (and, unless PREDICT, backward) on the batch, then ``update(flat_grads)``.
+    def step(self, xb: np.ndarray, yb: np.ndarray, update, need_loss: bool = True) -> float | None:
+        """One step on the batch, then ``update(flat_grads, real_gradient)``; see the module doc.
 
-        Returns the batch loss. A non-finite loss returns at once without updating and leaves
-        the step open: the run ends as diverged (call ``trainer.reset()`` to reuse the trainer).
+        Returns the batch loss, or None for a PREDICT step when ``need_loss`` is False (no
+        forward pass). A non-finite loss returns at once without updating and leaves the step
+        open: the run ends as diverged (call ``trainer.reset()`` to reuse the trainer).
         """
         info = self.trainer.begin_step()
         mlp, scratch, grads = self.mlp, self.scratch, self.grads
+        flat = grads.flat()
         if info.needs_backward:
             total = 0.0
             parts = ((xb, yb),) if self.k == 1 else zip(np.array_split(xb, self.k), np.array_split(yb, self.k))
@@ -49,16 +56,16 @@ class PhaseStepper:
                 if not math.isfinite(loss):
                     return loss
                 mlp.backward(xm, scratch, grads, need_input_grad=False)
-                self.trainer.record_full_gradients(self.grad_views)
+                self.trainer.record_full_gradients(flat)
                 total += loss * len(xm)
             loss = total / len(xb)
-            self.trainer.gradients_for_update(out=self.grad_views)
+            self.trainer.gradients_for_update(out=flat)
         else:
-            loss = self.loss_fn(mlp.forward(xb, scratch), yb)
-            if not math.isfinite(loss):
+            loss = self.loss_fn(mlp.forward(xb, scratch), yb) if need_loss else None
+            if loss is not None and not math.isfinite(loss):
                 return loss
-            self.trainer.get_predicted_gradients(out=self.grad_views)
-        update(grads.flat(), info.needs_backward)
+            self.trainer.get_predicted_gradients(out=flat)
+        update(flat, info.needs_backward)
         self.trainer.end_step(loss)
         return loss
 

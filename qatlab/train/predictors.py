@@ -110,6 +110,17 @@ class ParamLayout:
             flats.append(flat)
         return flats
 
+    def check_flat(self, flat, what: str = "grads") -> np.ndarray:
+        """Validate one flat float32 (n,) array holding every parameter in layout order (all
+        finite unless ``what`` starts with "out"); returns it."""
+        if not isinstance(flat, np.ndarray) or flat.dtype != F32 or flat.shape != (self.size,):
+            got = f"{flat.dtype} {flat.shape}" if isinstance(flat, np.ndarray) else type(flat).__name__
+            raise ValueError(f"{what}: a flat array must be float32 of shape ({self.size},), got {got}")
+        if not what.startswith("out") and not all_finite(flat):
+            bad = [n for n, v in self.views(flat).items() if not all_finite(v.reshape(-1))]
+            raise ValueError(f"{what}{bad}: contains NaN or inf")
+        return flat
+
     @property
     def shapes_by_name(self) -> dict[str, tuple]:
         """name -> shape."""
@@ -156,7 +167,9 @@ class GradientPredictor:
     kind = "base"
 
     def __init__(self, size: int, config: PredictionConfig, capacity: int):
-        self.config = config
+        self.config = config   # read here, once: the floats below are what the steps use
+        self._momentum, self._decay = float(config.momentum), float(config.history_decay)
+        self._weight, self._threshold = float(config.correction_weight), float(config.residual_threshold)
         self.size = int(size)
         self.history = np.zeros((capacity, self.size), dtype=F32)
         self.steps = np.full(capacity, -1, dtype=np.int64)
@@ -203,7 +216,7 @@ class GradientPredictor:
         """history_decay^(step - t_c), or 0.0 if no correction has been learned."""
         if self.correction_step < 0:
             return 0.0
-        return float(self.config.history_decay) ** (step - self.correction_step)
+        return self._decay ** (step - self.correction_step)
 
     def predict(self, step: int, out: np.ndarray) -> np.ndarray:
         """out (float32 (size,)) = g_hat(step), decayed correction included; returns out."""
@@ -228,13 +241,13 @@ class GradientPredictor:
             cos = dot / math.sqrt(aa * pp)
         else:
             cos = 1.0 if aa == pp == 0 else 0.0
-        reset = rel > self.config.residual_threshold
+        reset = rel > self._threshold
         if reset:
             self.correction[:] = 0.0
             self.correction_step = -1
         else:
             fold_correction(self.correction, self.correction_scale(step), actual, predicted,
-                            float(self.config.correction_weight))
+                            self._weight)
             self.correction_step = step
         return CorrectionResult(step=step, relative_error=rel, cosine=cos, reset=reset)
 
@@ -255,7 +268,7 @@ class MomentumPredictor(GradientPredictor):
             return c
         i1, i2 = slots
         t1, t2 = int(self.steps[i1]), int(self.steps[i2])
-        gain = float(self.config.momentum) * (step - t1) / (t1 - t2)
+        gain = self._momentum * (step - t1) / (t1 - t2)
         c[i1] = 1.0 + gain
         c[i2] = -gain
         return c
@@ -274,7 +287,7 @@ class LeastSquaresPredictor(GradientPredictor):
         slots = np.array(self._slots_newest_first())
         t_new = self.newest_step
         x = (self.steps[slots] - t_new).astype(np.float64)
-        w = float(self.config.history_decay) ** (-x)
+        w = self._decay ** (-x)
         big_w = w.sum()
         xbar = (w * x).sum() / big_w
         sxx = (w * (x - xbar) ** 2).sum()
