@@ -250,20 +250,25 @@ def _median(xs: Sequence[float]) -> float:
 
 def _ideal_speedup(costs: dict[str, float], steps: int, backward: int, predictor: str,
                    metrics_every: int) -> float:
-    """Wall-clock speedup of a phase run with these step counts if each step cost only its parts:
-    backward step = fwd+loss + bwd + opt, predicted step = fwd+loss + predict + opt (+ metrics/k)."""
-    m = costs["metrics_row"] / metrics_every
-    full = costs["forward_loss"] + costs["backward"] + costs["optimizer"] + m
-    pred = costs["forward_loss"] + costs[f"predict_{predictor}"] + costs["optimizer"] + m
+    """Wall-clock speedup of a phase run with these step counts if each step cost only its parts
+    (see :func:`_step_costs`)."""
+    full, pred = _step_costs(costs, predictor, metrics_every)
     phase = backward * full + (steps - backward) * pred
     return steps * full / phase if phase > 0 else math.nan
 
 
-def _max_speedup(costs: dict[str, float], metrics_every: int) -> float:
-    """Wall-clock speedup bound if (almost) no step ran a backward pass (momentum predictor)."""
+def _step_costs(costs: dict[str, float], predictor: str, metrics_every: int) -> tuple[float, float]:
+    """(backward step, predicted step) seconds from the components: fwd+loss + bwd + opt, and
+    predict + opt + the fwd+loss a PREDICT step runs only when it logs a row (1 in k); both + row/k."""
     m = costs["metrics_row"] / metrics_every
     full = costs["forward_loss"] + costs["backward"] + costs["optimizer"] + m
-    pred = costs["forward_loss"] + costs["predict_momentum"] + costs["optimizer"] + m
+    pred = costs["forward_loss"] / metrics_every + costs[f"predict_{predictor}"] + costs["optimizer"] + m
+    return full, pred
+
+
+def _max_speedup(costs: dict[str, float], metrics_every: int) -> float:
+    """Wall-clock speedup bound if (almost) no step ran a backward pass (momentum predictor)."""
+    full, pred = _step_costs(costs, "momentum", metrics_every)
     return full / pred if pred > 0 else math.nan
 
 
@@ -470,8 +475,9 @@ def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeat
         "prediction, clipping, optimizer); outside % = share of train seconds outside those (batch gather, "
         "metrics rows, loop)",
         "ideal x = speedup a phase run with the same step counts would reach if every step cost only its "
-        "components (backward step: fwd+loss+backward+optimizer; predicted: fwd+loss+predict+optimizer; "
-        "both + metrics row / metrics_every); max x = the same with no backward step at all",
+        "components (backward step: fwd+loss+backward+optimizer; predicted: predict+optimizer, plus fwd+loss "
+        "on the 1 in metrics_every PREDICT steps that log a row; both + metrics row / metrics_every); "
+        "max x = the same with no backward step at all",
         "control: phase loop with predict_steps=0 (every step a real backward pass, PhaseConfig.max_grad_norm "
         "clipping on); full backprop has no clipping (OptimConfig.max_grad_norm = 0)",
     ])

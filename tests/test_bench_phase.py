@@ -149,3 +149,14 @@ def test_bad_arguments():
         bench_phase.run_phase_bench([tiny_workload()], FAST, repeats=0)
     with pytest.raises(ValueError, match="first variant"):
         bench_phase.run_phase_bench([tiny_workload()], FAST, repeats=1, variants=bench_phase.VARIANTS[1:])
+
+
+def test_ideal_and_max_speedup_formulas():
+    costs = {"forward_loss": 2.0, "backward": 3.0, "optimizer": 1.0, "predict_momentum": 0.5,
+             "predict_least_squares": 1.5, "metrics_row": 4.0}
+    full, pred = bench_phase._step_costs(costs, "momentum", metrics_every=4)
+    assert full == 2.0 + 3.0 + 1.0 + 1.0                 # fwd+loss + bwd + opt + row/k
+    assert pred == 2.0 / 4 + 0.5 + 1.0 + 1.0             # fwd+loss only on the 1 in k that log a row
+    assert bench_phase._ideal_speedup(costs, 10, 4, "momentum", 4) == pytest.approx(10 * full / (4 * full + 6 * pred))
+    assert bench_phase._max_speedup(costs, 4) == pytest.approx(full / pred)
+    assert bench_phase._step_costs(costs, "least_squares", 4)[1] == pytest.approx(pred + 1.0)
