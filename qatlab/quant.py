@@ -481,6 +481,10 @@ class FakeQuantize(param.Parameterized):
         sq, _, signal, _ = self._noise_saturation(x)
         return _sqnr_db(signal, sq)
 
+    def noise_stats(self, x) -> tuple[float, float, float]:
+        """``(quantization_noise(x), sqnr_db(x), saturation_fraction(x))`` from one pass over x."""
+        return _noise_stats(*self._noise_saturation(x))
+
 
 def _kernel_params(scale, zero_point, qmin, qmax, symmetric, n_channels, axis):
     """float32 (inv_s, s, zp, c, inv_h) as scalars or (C,) arrays, plus float32 qmin, qmax.
@@ -653,6 +657,15 @@ class TernaryQuantizer(param.Parameterized):
         """Share of latents with |w/alpha| rounding beyond 1 (clamped to +-1)."""
         _, sat, _, n = self._stats(w)
         return sat / n if n else 0.0
+
+    def noise_stats(self, w) -> tuple[float, float, float]:
+        """``(quantization_noise(w), sqnr_db(w), saturation_fraction(w))`` from one pass over w."""
+        return _noise_stats(*self._stats(w))
+
+
+def _noise_stats(noise: float, saturated: int, signal: float, n: int) -> tuple[float, float, float]:
+    """(mean squared error, SQNR dB, saturated share) from the sums of one noise/saturation pass."""
+    return (noise / n if n else 0.0), _sqnr_db(signal, noise), (saturated / n if n else 0.0)
 
 
 _ZERO, _ONE, _MINUS_ONE = np.float32(0.0), np.float32(1.0), np.float32(-1.0)

@@ -523,6 +523,7 @@ def test_noise_saturation_sqnr_vs_reference(rng, cfg):
     assert math.isclose(noise, float(np.mean((x.astype(np.float64) - fq.forward(x)) ** 2)), rel_tol=1e-9)
     assert fq.saturation_fraction(x) == ref.saturation_fraction(x, s, zp, qmin, qmax)
     assert math.isclose(fq.sqnr_db(x), ref.sqnr_db(x, y), rel_tol=1e-9)
+    assert fq.noise_stats(x) == (noise, fq.sqnr_db(x), fq.saturation_fraction(x))   # one pass, same numbers
 
 
 def test_statistics_edge_cases():
@@ -531,6 +532,8 @@ def test_statistics_edge_cases():
     assert fq.quantization_noise(empty) == 0.0 and type(fq.quantization_noise(empty)) is float
     assert fq.saturation_fraction(empty) == 0.0
     assert math.isnan(fq.sqnr_db(empty))
+    mse, sqnr, sat = fq.noise_stats(empty)
+    assert mse == 0.0 and math.isnan(sqnr) and sat == 0.0
     grid = np.array([0.25, -0.5, 1.0, 0.0], F32)  # on the grid: no noise
     assert fq.quantization_noise(grid) == 0.0 and fq.sqnr_db(grid) == math.inf
     assert math.isnan(fq.sqnr_db(np.zeros(5, F32)))

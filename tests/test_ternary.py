@@ -189,3 +189,4 @@ def test_fractions_noise_saturation(rng):
     assert math.isclose(tq.sqnr_db(w), ref.sqnr_db(w, y), rel_tol=1e-9)
     assert tq.saturation_fraction(w) == ref.saturation_fraction(w, alpha, 0, -1, 1)
     assert tq.saturation_fraction(w) == np.count_nonzero(np.abs(w * (F32(1) / F32(alpha))) >= 1.5) / w.size
+    assert tq.noise_stats(w) == (tq.quantization_noise(w), tq.sqnr_db(w), tq.saturation_fraction(w))

@@ -101,9 +101,7 @@ def layer_row(mlp: Mlp, grads, scratch, i: int) -> dict:
     row = {f"grad_norm_{i}": float(np.linalg.norm(grads.d_weights(i)))}
     q = mlp.weight_quantizers[i]
     if q is not None:
-        row[f"noise_mse_{i}"] = q.quantization_noise(w)
-        row[f"sqnr_db_{i}"] = q.sqnr_db(w)
-        row[f"saturation_{i}"] = q.saturation_fraction(w)
+        row[f"noise_mse_{i}"], row[f"sqnr_db_{i}"], row[f"saturation_{i}"] = q.noise_stats(w)
         row[f"scale_{i}"] = q.alpha if isinstance(q, TernaryQuantizer) else float(np.mean(q.scale))
     used = scratch.weights_used(i)
     n = used.size
