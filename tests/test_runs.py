@@ -362,3 +362,31 @@ def test_small_log_capacity_keeps_epoch_metrics():
     assert len(run.log) <= 16
     assert np.isfinite(run.result.history.get("test_accuracy", np.array([]))).any()
     assert np.isfinite(run.log.last("test_accuracy"))
+
+
+def test_concurrent_runs_share_the_step_slots(monkeypatch):
+    """Every training step holds one of experiment.STEP_SLOTS: never more steps at once than slots."""
+    from qatlab.train import experiment
+
+    class Counting:
+        def __init__(self, slots):
+            self.sem, self.lock, self.now, self.most, self.steps = threading.Semaphore(slots), threading.Lock(), 0, 0, 0
+
+        def __enter__(self):
+            self.sem.acquire()
+            with self.lock:
+                self.now += 1
+                self.steps += 1
+                self.most = max(self.most, self.now)
+
+        def __exit__(self, *exc):
+            with self.lock:
+                self.now -= 1
+            self.sem.release()
+
+    slots = Counting(2)
+    monkeypatch.setattr(experiment, "STEP_SLOTS", slots)
+    results = ql.compare_ste(tiny("ternary", epochs=4))
+    assert all(r.status == "finished" for r in results.values())
+    assert slots.steps == sum(r.final["steps"] for r in results.values())   # every step went through it
+    assert 1 <= slots.most <= 2                                              # never more than 2 at once

@@ -9,10 +9,12 @@ ends the run with status ``diverged``.
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import numpy as np
 
+from .. import parallel
 from ..config import ExperimentConfig
 from ..data import Dataset, load_dataset
 from ..metrics import MetricsLog
@@ -22,6 +24,10 @@ from ..quant import FLOAT32_EPS, FakeQuantize, TernaryQuantizer
 from .build import build_model, set_observing
 
 EVAL_CHUNK = 1024
+#: At most this many training steps run at once in the process (one per core); the other runs'
+#: threads wait on it, not on the GIL, so several runs share the cores without starving each
+#: other or the dashboard's event loop.
+STEP_SLOTS = threading.BoundedSemaphore(parallel.cores())
 SNAPSHOT_SECONDS = 0.5
 
 
@@ -169,13 +175,14 @@ def train_experiment(cfg: ExperimentConfig, log: MetricsLog | None = None, repor
             xb = np.take(data.X_train, idx, axis=0, out=xbuf[: len(idx)])
             yb = np.take(data.y_train, idx, axis=0, out=ybuf[: len(idx)])
             lr = opt.lr
-            if phase is None:
-                loss = loss_fn(mlp.forward(xb, scratch), yb, grads.d_output_mut())
-                if math.isfinite(loss):
-                    mlp.backward(xb, scratch, grads, need_input_grad=False)
-                    update(grads.flat(), True)
-            else:   # a PREDICT step measures its loss only for a metrics row (None otherwise)
-                loss = phase.step(xb, yb, update, need_loss=(step + 1) % every == 0 or step == 0)
+            with STEP_SLOTS:
+                if phase is None:
+                    loss = loss_fn(mlp.forward(xb, scratch), yb, grads.d_output_mut())
+                    if math.isfinite(loss):
+                        mlp.backward(xb, scratch, grads, need_input_grad=False)
+                        update(grads.flat(), True)
+                else:   # a PREDICT step measures its loss only for a metrics row (None otherwise)
+                    loss = phase.step(xb, yb, update, need_loss=(step + 1) % every == 0 or step == 0)
             step += 1
             if loss is not None:
                 if not math.isfinite(loss):
