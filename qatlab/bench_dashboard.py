@@ -195,8 +195,14 @@ class AppServer:
         """GET the inspector's JSON (``/state`` or ``/headless?epochs=N``)."""
         if not self.inspect_port:
             raise RuntimeError("AppServer: started without inspect=True")
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.inspect_port}{path}", timeout=timeout) as resp:
-            return json.loads(resp.read())
+        for attempt in range(3):   # a snapshot can race a run or session being created: ask again
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.inspect_port}{path}", timeout=timeout) as resp:
+                    return json.loads(resp.read())
+            except urllib.error.HTTPError as exc:
+                if exc.code != 500 or attempt == 2:
+                    raise RuntimeError(f"inspector {path}: HTTP {exc.code}: {exc.read()[:300]!r}") from None
+                time.sleep(0.2)
 
     def runs(self) -> dict[str, dict]:
         """``{run id: run dict}`` of every Run in the server process."""
