@@ -277,7 +277,7 @@ def test_flat_gradients_in_and_out_match_the_dicts():
     """One flat (n,) array in layout order works as the dicts do, with the same checks."""
     a, b = (PhaseTrainer(SHAPES, cfg(full_steps=2, predict_steps=2, correct_every=2)) for _ in range(2))
     n = a.layout.size
-    out_a, out_b = np.zeros(n, F32), np.zeros(n, F32)
+    out_b = np.zeros(n, F32)
     for t in range(8):                                 # F F P C F F P C
         ia, ib = a.begin_step(), b.begin_step()
         assert ia.phase is ib.phase

@@ -96,6 +96,15 @@ class LiveView(pn.viewable.Viewer):
     def refresh(self) -> None:
         """Update the non-streamed parts (status text, tables, histograms). Cheap when nothing changed."""
 
+    def follow_run(self, run) -> None:
+        """For views with a ``run`` parameter: rebuild whenever it changes, and show ``run`` now
+        (None: the view's empty state)."""
+        self.param.watch(lambda e: self.request_rebuild(), "run")
+        if run is not None:
+            self.run = run
+        else:
+            self.rebuild()
+
     def shown_runs(self) -> list:
         """Runs whose sources this view displays (the Dashboard streams only the visible tab's runs)."""
         return []
@@ -113,13 +122,7 @@ class LiveView(pn.viewable.Viewer):
             self._periodic = None
 
     def _safe_pull(self) -> None:
-        try:
-            with pn.io.hold():   # all of this tick's events go to the browser as one message
-                self.pull()
-            if self._root is not None and not in_server_session():
-                pn.io.push_notebook(self._root)   # notebook: Bokeh model edits need an explicit push
-        except Exception:  # a bad tick must never kill the session's callback
-            log.exception("qatlab: streaming tick failed")
+        streaming_tick(self.pull, self._root)
 
     # -------------------------------------------------------------- figures
     def _on_layout_option(self, *_events) -> None:
@@ -156,6 +159,19 @@ class LiveView(pn.viewable.Viewer):
         if self._root is None:
             self._root = self._panel()
         return self._root
+
+
+def streaming_tick(pull, root) -> None:
+    """One periodic tick: ``pull()`` with all its Bokeh events sent as one message, pushed to a
+    notebook's ``root`` view when not in a server session; an exception is logged, never raised
+    (a bad tick must not kill the session's callback)."""
+    try:
+        with pn.io.hold():
+            pull()
+        if root is not None and not in_server_session():
+            pn.io.push_notebook(root)   # notebook: Bokeh model edits need an explicit push
+    except Exception:
+        log.exception("qatlab: streaming tick failed")
 
 
 def in_server_session() -> bool:

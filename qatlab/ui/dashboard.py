@@ -31,7 +31,7 @@ import panel as pn
 import param
 
 from ..runs import Run, all_runs, start_ste_comparison
-from .base import PERIOD_MS, PlotOptions, in_server_session, periodic_callback
+from .base import PERIOD_MS, PlotOptions, periodic_callback, streaming_tick
 from .config_panel import ConfigPanel
 from .phase_view import PhaseView
 from .quant_view import QuantView
@@ -204,15 +204,8 @@ class Dashboard(pn.viewable.Viewer):
         self.views[self.tabs.active].refresh()
 
     def _safe_pull(self) -> None:
-        if self.closed:
-            return
-        try:
-            with pn.io.hold():   # all of this tick's events go to the browser as one message
-                self.pull()
-            if self._root is not None and not in_server_session():
-                pn.io.push_notebook(self._root)   # notebook: Bokeh model edits need an explicit push
-        except Exception:  # never let one bad tick kill the session's callback
-            log.exception("qatlab: dashboard tick failed")
+        if not self.closed:
+            streaming_tick(self.pull, self._root)
 
     def start_streaming(self, period: int = PERIOD_MS):
         """Start the session's periodic callback (idempotent)."""

@@ -32,11 +32,7 @@ class PhaseView(LiveView):
         self.intro = pn.pane.Markdown("", margin=(5, 10))
         self._plots = pn.Column(sizing_mode="stretch_width")
         self._layout = pn.Column(self.intro, self._plots, sizing_mode="stretch_width")
-        self.param.watch(lambda e: self.request_rebuild(), "run")
-        if run is not None:
-            self.run = run
-        else:
-            self.rebuild()
+        self.follow_run(run)
 
     def rebuild(self) -> None:
         """(Re)create the phase figures (or explain why there are none)."""

@@ -77,11 +77,7 @@ class QuantView(LiveView):
         self.intro = pn.pane.Markdown("No run yet: press **Start** to see its weights.", margin=(5, 10))
         self._plots = pn.Column(sizing_mode="stretch_width")
         self._layout = pn.Column(self.intro, self._plots, sizing_mode="stretch_width")
-        self.param.watch(lambda e: self.request_rebuild(), "run")
-        if run is not None:
-            self.run = run
-        else:
-            self.rebuild()
+        self.follow_run(run)
 
     def rebuild(self) -> None:
         """(Re)create histogram and time-series figures for the current run."""

@@ -125,11 +125,7 @@ class RunView(LiveView):
                                       margin=(0, 10), height=42)
         self._plots = pn.Column(sizing_mode="stretch_width")
         self._layout = pn.Column(self.alert, self.stats, self._plots, sizing_mode="stretch_width")
-        self.param.watch(lambda e: self.request_rebuild(), "run")
-        if run is not None:
-            self.run = run
-        else:
-            self.rebuild()
+        self.follow_run(run)
 
     def rebuild(self) -> None:
         """(Re)create the figures for the current run and plot options."""
