@@ -331,7 +331,8 @@ def run(opts: BenchOptions) -> SuiteResult:
     notes = [
         f"data x, g ~ N(0,1) float32; {BITS}-bit symmetric, scale {SCALE:.6g}, zero-point 0",
         "np.copyto and the kernel rows run on one thread; FakeQuantize.forward/backward split tensors of "
-        f">= {parallel.MIN_ELEMENTS:,} elements across {parallel.cores()} cores; % copy = GB/s / copy GB/s of the same size and run, "
+        f">= {parallel.MIN_ELEMENTS:,} elements across {parallel.cores()} cores; "
+        "% copy = GB/s / copy GB/s of the same size and run, "
         f"counting {FWD_BYTES} B/elem forward, {BWD_BYTES} B/elem backward, {FWD_BWD_BYTES} B/elem fwd+bwd",
         "backward identity only reads g (dx = g), so its nominal 12 B/elem overstates its traffic "
         "and its % copy can exceed 100",

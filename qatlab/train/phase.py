@@ -353,7 +353,7 @@ class PhaseTrainer:
             raise RuntimeError(f"{what}: only on {kind} step; step {self._info.total_step} is "
                                f"{self._info.phase.name}")
 
-    def record_full_gradients(self, grads: dict) -> None:
+    def record_full_gradients(self, grads: dict | np.ndarray) -> None:
         """Record one micro-batch's real gradients: a dict name -> float32 array, or one flat
         float32 (n,) array with every parameter in ``layout`` order (e.g. ``Gradients.flat()``).
 
@@ -409,7 +409,7 @@ class PhaseTrainer:
         else:
             self._out[:] = src
 
-    def gradients_for_update(self, out: dict | None = None) -> dict[str, np.ndarray]:
+    def gradients_for_update(self, out: dict | np.ndarray | None = None) -> dict[str, np.ndarray] | np.ndarray:
         """The step's real gradient, clipped: dict name -> float32 array (views; see class doc).
 
         Only on backward steps, after ``gradient_accumulation`` calls of
@@ -425,11 +425,11 @@ class PhaseTrainer:
         if out is None:
             return dict(self._out_views)
         if isinstance(out, np.ndarray):
-            np.copyto(self._layout.check_flat(out, "out"), self._out)
+            np.copyto(self._layout.check_flat(out, "out", finite=False), self._out)
             return out
         return self._layout.copy_out(self._out, out)
 
-    def get_predicted_gradients(self, out: dict | None = None) -> dict[str, np.ndarray]:
+    def get_predicted_gradients(self, out: dict | np.ndarray | None = None) -> dict[str, np.ndarray] | np.ndarray:
         """The predicted gradient for this PREDICT step (correction included), clipped."""
         self._require_step("get_predicted_gradients", backward=False)
         if not self._pred_ready:

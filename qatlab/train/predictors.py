@@ -110,13 +110,13 @@ class ParamLayout:
             flats.append(flat)
         return flats
 
-    def check_flat(self, flat, what: str = "grads") -> np.ndarray:
-        """Validate one flat float32 (n,) array holding every parameter in layout order (all
-        finite unless ``what`` starts with "out"); returns it."""
+    def check_flat(self, flat, what: str = "grads", finite: bool = True) -> np.ndarray:
+        """Validate one flat float32 (n,) array holding every parameter in layout order (and,
+        with ``finite``, that every value is finite); returns it."""
         if not isinstance(flat, np.ndarray) or flat.dtype != F32 or flat.shape != (self.size,):
             got = f"{flat.dtype} {flat.shape}" if isinstance(flat, np.ndarray) else type(flat).__name__
             raise ValueError(f"{what}: a flat array must be float32 of shape ({self.size},), got {got}")
-        if not what.startswith("out") and not all_finite(flat):
+        if finite and not all_finite(flat):
             bad = [n for n, v in self.views(flat).items() if not all_finite(v.reshape(-1))]
             raise ValueError(f"{what}{bad}: contains NaN or inf")
         return flat
