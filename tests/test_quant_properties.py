@@ -72,7 +72,8 @@ def test_matches_reference_and_stays_on_grid(case):
     assert np.all(y >= lo) and np.all(y <= hi)
     q = y.astype(np.float64) / float(F32(fq.scale)) + fq.zero_point
     k = np.rint(q)
-    assert np.all(np.abs(q - k) <= 1e-3 + np.abs(k) * 2.0 ** -22)  # y itself is rounded to float32
+    # y = (k - zp) * s is itself rounded to float32: the error in units of s scales with |k - zp|
+    assert np.all(np.abs(q - k) <= 1e-3 + np.abs(k - fq.zero_point) * 2.0 ** -22)
     assert np.all((k >= qmin) & (k <= qmax))
 
 
