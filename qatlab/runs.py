@@ -248,10 +248,11 @@ def _join_or_stop(runs) -> None:
 
 
 def start_ste_comparison(config: ExperimentConfig, kinds=None, owner: str | None = None,
-                         group: str | None = None, register: bool = True) -> dict[SteKind, Run]:
+                         group: str | None = None, register: bool = True, start: bool = True) -> dict[SteKind, Run]:
     """Start one Run per SteKind (same seed and data; only ``quant.ste`` differs), concurrently.
 
-    kinds: None (all four), one SteKind/name, or a list of them.
+    kinds: None (all four), one SteKind/name, or a list of them. ``start=False`` returns the runs
+    created but not started (call ``run.start()`` on each, e.g. once a view shows them).
     """
     if kinds is None:
         kinds = list(SteKind)
@@ -266,8 +267,9 @@ def start_ste_comparison(config: ExperimentConfig, kinds=None, owner: str | None
         cfg.quant.ste = kind.value
         name = f"{group + ' ' if group else ''}{kind.value}"
         runs[kind] = Run(cfg, name=name, owner=owner, register=register)
-    for run in runs.values():
-        run.start()
+    if start:
+        for run in runs.values():
+            run.start()
     return runs
 
 

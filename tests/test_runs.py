@@ -390,3 +390,12 @@ def test_concurrent_runs_share_the_step_slots(monkeypatch):
     assert all(r.status == "finished" for r in results.values())
     assert slots.steps == sum(r.final["steps"] for r in results.values())   # every step went through it
     assert 1 <= slots.most <= 2                                              # never more than 2 at once
+
+
+def test_start_ste_comparison_can_leave_the_runs_unstarted():
+    runs = ql.start_ste_comparison(tiny(weights="ternary", epochs=1), kinds=["tanh", "identity"], start=False)
+    assert list(runs) == [ql.SteKind.TANH, ql.SteKind.IDENTITY]
+    assert all(r.status == "created" for r in runs.values())
+    for r in runs.values():
+        r.start()
+    assert all(r.join(30) and r.status == "finished" for r in runs.values())

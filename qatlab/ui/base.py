@@ -6,6 +6,8 @@ owns its hub, then :meth:`LiveView.refresh` for the non-streamed parts: tables,
 histograms, status text). Changing ``log_y`` or ``x_axis`` rebuilds the view's
 figures from the same sources (Bokeh cannot swap a live figure's scale type).
 
+The time-series figures' ranges are fitted on the server once per tick (:meth:`LiveView.fit_ranges`).
+
 Per tick, all Bokeh events go to the browser as one message (``pn.io.hold``); status text
 is throttled to about 2 Hz (:class:`Throttle`).
 
@@ -21,6 +23,7 @@ import time
 import panel as pn
 import param
 
+from .ranges import RangeFitter
 from .streaming import StreamHub
 
 log = logging.getLogger(__name__)
@@ -82,16 +85,28 @@ class LiveView(pn.viewable.Viewer):
         self.hub = hub if hub is not None else StreamHub(self.options.smoothing)
         self._periodic = None
         self._root = None
+        self._fitter = None
         self.options.param.watch(self._on_layout_option, ["log_y", "x_axis"])
         if self._owns_hub:
             self.options.param.watch(lambda e: self.hub.set_smoothing(e.new), "smoothing")
 
     # -------------------------------------------------------------- streaming
     def pull(self) -> None:
-        """One streaming tick: new rows into the sources (own hub only), then :meth:`refresh`."""
+        """One streaming tick: new rows into the sources (own hub only), :meth:`refresh`, then
+        :meth:`fit_ranges`."""
         if self._owns_hub:
             self.hub.pull()
         self.refresh()
+        self.fit_ranges()
+
+    def fit_ranges(self) -> None:
+        """Move the figures' auto ranges to the data streamed so far (:mod:`qatlab.ui.ranges`).
+
+        Views keep their figures in ``self.figures``; a new fitter is made after a rebuild."""
+        figures = list(getattr(self, "figures", {}).values())
+        if self._fitter is None or list(map(id, self._fitter.figures)) != list(map(id, figures)):
+            self._fitter = RangeFitter(figures)
+        self._fitter.update()
 
     def refresh(self) -> None:
         """Update the non-streamed parts (status text, tables, histograms). Cheap when nothing changed."""

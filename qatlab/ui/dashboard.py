@@ -132,15 +132,16 @@ class Dashboard(pn.viewable.Viewer):
         if cfg is None:
             return None
         try:
-            runs = start_ste_comparison(cfg, owner=self.owner, group=f"cmp{next(_groups)}")
+            runs = start_ste_comparison(cfg, owner=self.owner, group=f"cmp{next(_groups)}", start=False)
         except (ValueError, TypeError, RuntimeError) as exc:
             self.config_panel.notify_error(str(exc))
             return None
+        self.tabs.active = 1
+        self.comparison = runs      # build the figures first: the training threads then compete for the GIL
+        self.status.runs = list(runs.values())
         for run in runs.values():
             run.keep_alive = self.config_panel.keep_alive.value
-        self.comparison = runs
-        self.status.runs = list(runs.values())
-        self.tabs.active = 1
+            run.start()
         self.refresh()
         return runs
 
@@ -178,6 +179,7 @@ class Dashboard(pn.viewable.Viewer):
         view = self.views[event.new]
         self.hub.pull({r.id for r in view.shown_runs()})   # catch up before the tab is drawn
         view.refresh()
+        view.fit_ranges()
 
     def _on_current(self, event) -> None:
         for view in (self.overview, self.quant, self.phases):
@@ -197,6 +199,7 @@ class Dashboard(pn.viewable.Viewer):
         view = self.views[self.tabs.active]
         self.hub.pull({r.id for r in view.shown_runs()})
         self.refresh()
+        view.fit_ranges()
 
     def refresh(self) -> None:
         """Sidebar progress and the visible tab's non-streamed parts."""

@@ -11,6 +11,9 @@ Each legend entry here points at a look-alike glyph with one NaN row (draws noth
 (``click_policy="hide"``) toggles the proxy, and a small ``CustomJS`` (holding model *ids*, not references) sets ``visible``
 on the real renderers.
 
+Ranges: the time-series figures use server-fitted ``Range1d`` ranges (:mod:`qatlab.ui.ranges`),
+not ``DataRange1d``, which refits and re-lays out the plot in the browser on every streamed row.
+
 Stable names: every figure gets ``name="fig-<what>"`` and every glyph renderer
 ``name="<metric>-<run id>"`` (the callers choose them), so a browser test can find
 them with ``Bokeh.documents[0].get_model_by_name(...)``.
@@ -26,6 +29,7 @@ from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 
 from ..ste import SteKind
+from .ranges import auto_range
 
 #: One colour per SteKind, the same in every plot and table.
 STE_COLORS = {
@@ -62,9 +66,10 @@ def run_color(i: int) -> str:
     return RUN_COLORS[i % len(RUN_COLORS)]
 
 
-def shared_x_range() -> DataRange1d:
-    """A fresh auto-ranging x range; pass it to every figure of a view to link their x axes."""
-    return DataRange1d(only_visible=True)
+def shared_x_range() -> Range1d:
+    """A fresh auto x range (fitted by :class:`~qatlab.ui.ranges.RangeFitter`); pass it to every
+    figure of a view to link their x axes."""
+    return auto_range()
 
 
 def line_figure(title: str, y_label: str, *, name: str, x_field: str = "step", x_range=None,
@@ -78,14 +83,13 @@ def line_figure(title: str, y_label: str, *, name: str, x_field: str = "step", x
         x_field: ``"step"`` or ``"time"``; only sets the x axis label here.
         x_range: a shared range (``shared_x_range()``) to link x axes; a new one if None.
         y_log: logarithmic y axis (values <= 0 are simply not drawn).
-        y_range: optional fixed y range, e.g. ``Range1d(0, 1)`` for fractions.
+        y_range: optional fixed y range, e.g. ``Range1d(0, 1)`` for fractions; by default an auto
+            range that the view's :class:`~qatlab.ui.ranges.RangeFitter` fits to the data.
     """
-    kwargs = {}
-    if y_range is not None:
-        kwargs["y_range"] = y_range
     fig = figure(title=title, name=name, height=height, sizing_mode="stretch_width", tools=TOOLS,
                  toolbar_location="above", x_range=x_range if x_range is not None else shared_x_range(),
-                 y_axis_type="log" if y_log else "linear", output_backend="canvas", **kwargs)
+                 y_axis_type="log" if y_log else "linear", output_backend="canvas",
+                 y_range=y_range if y_range is not None else auto_range(y_log))
     fig.xaxis.axis_label = X_LABELS.get(x_field, x_field)
     fig.yaxis.axis_label = y_label
     fig.toolbar.logo = None
