@@ -31,6 +31,7 @@ import panel as pn
 import param
 
 from ..runs import Run, all_runs, start_ste_comparison
+from . import render_patch
 from .base import PERIOD_MS, PlotOptions, periodic_callback, streaming_tick
 from .config_panel import ConfigPanel
 from .phase_view import PhaseView
@@ -105,6 +106,7 @@ class Dashboard(pn.viewable.Viewer):
         DASHBOARDS.add(self)
         if session is not None:
             pn.state.on_session_destroyed(self._on_session_destroyed)
+            render_patch.install(pn.state.curdoc)
         if period and session is not None:
             self.start_streaming(period)
 

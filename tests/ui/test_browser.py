@@ -110,6 +110,44 @@ def test_compare_ste_kinds_shows_four_runs(dash):
     _wait_for(lambda: all(i in dash.body_text() for i in ids), 15, "the four run ids in the summary table")
 
 
+RANGES_JS = """(name) => {
+  const doc = Bokeh.documents[0];
+  const fig = doc.get_model_by_name(name);
+  const lines = fig.renderers.filter((r) => r.name && r.name.startsWith("ste-loss-"));
+  const xs = [], ys = [];
+  for (const r of lines) {
+    const data = r.data_source.data;
+    const x = Array.from(data[r.glyph.x.field]), y = Array.from(data[r.glyph.y.field]);
+    x.forEach((v, i) => { if (Number.isFinite(v) && Number.isFinite(y[i])) { xs.push(v); ys.push(y[i]); } });
+  }
+  return {x: [fig.x_range.start, fig.x_range.end], y: [fig.y_range.start, fig.y_range.end],
+          data_x: [Math.min(...xs), Math.max(...xs)], data_y: [Math.min(...ys), Math.max(...ys)], n: xs.length};
+}"""
+
+
+def test_plot_ranges_follow_the_data(dash):
+    """The server fits the plots' Range1d ranges (qatlab.ui.ranges): every drawn point is inside."""
+    r = _wait_for(lambda: (lambda v: v if v["n"] > 0 else None)(dash.page.evaluate(RANGES_JS, "fig-ste-loss")),
+                  10, "points in fig-ste-loss")
+    time.sleep(0.5)   # the last tick's range update
+    r = dash.page.evaluate(RANGES_JS, "fig-ste-loss")
+    assert r["x"][0] <= r["data_x"][0] and r["data_x"][1] <= r["x"][1], r
+    assert r["y"][0] <= r["data_y"][0] and r["data_y"][1] <= r["y"][1], r
+
+
+def test_render_patch_skips_only_same_text_stylesheet_writes(dash):
+    """qatlab.ui.render_patch: a same-text write leaves the <style> element alone, a new text is written."""
+    out = dash.page.evaluate("""() => {
+      const sheet = new (Bokeh.require("core/dom").InlineStyleSheet)(":host { color: red; }");
+      const node = sheet.el.firstChild;
+      sheet.replace(":host { color: red; }");
+      const kept = sheet.el.firstChild === node;
+      sheet.replace(":host { color: blue; }");
+      return {installed: window.qatlab_render_patch, kept, text: sheet.el.textContent};
+    }""")
+    assert out == {"installed": "installed", "kept": True, "text": ":host { color: blue; }"}
+
+
 def test_page_stayed_clean_and_local(dash, app_server):
     assert dash.console_errors == [], "\n".join(dash.console_errors)
     assert "Traceback" not in dash.body_text()
