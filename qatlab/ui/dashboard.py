@@ -125,7 +125,7 @@ class Dashboard(pn.viewable.Viewer):
         self.current = run          # build the figures first: the training thread then competes for the GIL
         self.status.runs = [run]
         run.start()
-        self.refresh()
+        self.refresh(force=True)
         return run
 
     def compare_ste(self) -> dict | None:
@@ -144,7 +144,7 @@ class Dashboard(pn.viewable.Viewer):
         for run in runs.values():
             run.keep_alive = self.config_panel.keep_alive.value
             run.start()
-        self.refresh()
+        self.refresh(force=True)
         return runs
 
     def _active_runs(self) -> list[Run]:
@@ -203,9 +203,10 @@ class Dashboard(pn.viewable.Viewer):
         self.refresh()
         view.fit_ranges()
 
-    def refresh(self) -> None:
-        """Sidebar progress and the visible tab's non-streamed parts."""
-        self.status.refresh()
+    def refresh(self, force: bool = False) -> None:
+        """Sidebar progress (now if ``force``, else at most twice a second) and the visible tab's
+        non-streamed parts."""
+        self.status.refresh(force)
         self.views[self.tabs.active].refresh()
 
     def _safe_pull(self) -> None:
