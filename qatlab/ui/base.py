@@ -6,7 +6,8 @@ owns its hub, then :meth:`LiveView.refresh` for the non-streamed parts: tables,
 histograms, status text). Changing ``log_y`` or ``x_axis`` rebuilds the view's
 figures from the same sources (Bokeh cannot swap a live figure's scale type).
 
-The time-series figures' ranges are fitted on the server once per tick (:meth:`LiveView.fit_ranges`).
+Rebuilding figures pauses training (``training_paused``) for its fraction of a second, so the
+event loop has the GIL to itself meanwhile. The time-series figures' ranges are fitted on the server once per tick (:meth:`LiveView.fit_ranges`).
 
 Per tick, all Bokeh events go to the browser as one message (``pn.io.hold``); status text
 is throttled to about 2 Hz (:class:`Throttle`).
@@ -23,6 +24,7 @@ import time
 import panel as pn
 import param
 
+from ..train.experiment import training_paused
 from .ranges import RangeFitter
 from .streaming import StreamHub
 
@@ -147,7 +149,8 @@ class LiveView(pn.viewable.Viewer):
         """Rebuild now if the view is active, else when it next becomes active."""
         if self._active:
             self._stale = False
-            self.rebuild()
+            with training_paused():
+                self.rebuild()
         else:
             self._stale = True
 
@@ -156,7 +159,8 @@ class LiveView(pn.viewable.Viewer):
         self._active = bool(active)
         if self._active and self._stale:
             self._stale = False
-            self.rebuild()
+            with training_paused():
+                self.rebuild()
 
     def rebuild(self) -> None:
         """Recreate the figures (after a run, log_y or x_axis change)."""

@@ -31,6 +31,7 @@ import panel as pn
 import param
 
 from ..runs import Run, all_runs, start_ste_comparison
+from ..train.experiment import training_paused
 from . import render_patch
 from .base import PERIOD_MS, PlotOptions, periodic_callback, streaming_tick
 from .config_panel import ConfigPanel
@@ -113,39 +114,43 @@ class Dashboard(pn.viewable.Viewer):
     # ------------------------------------------------------------ actions
     def start_run(self) -> Run | None:
         """``Start``: validate the sidebar config and start one run (None if the config is invalid)."""
-        cfg = self.config_panel.validated()
-        if cfg is None:
-            return None
-        try:
-            run = Run(cfg, owner=self.owner, keep_alive=self.config_panel.keep_alive.value)
-        except (ValueError, TypeError) as exc:
-            self.config_panel.notify_error(str(exc))
-            return None
-        self.tabs.active = 0
-        self.current = run          # build the figures first: the training thread then competes for the GIL
-        self.status.runs = [run]
-        run.start()
-        self.refresh(force=True)
-        return run
+        with training_paused():   # building the figures: the event loop gets the GIL to itself
+            cfg = self.config_panel.validated()
+            if cfg is None:
+                return None
+            try:
+                run = Run(cfg, owner=self.owner, keep_alive=self.config_panel.keep_alive.value)
+            except (ValueError, TypeError) as exc:
+                self.config_panel.notify_error(str(exc))
+                return None
+            self.tabs.active = 0
+            self.current = run          # figures first, then the run starts (when the block ends)
+            self.status.runs = [run]
+            run.start()
+            self.refresh(force=True)
+            self.overview.refresh(force=True)    # its status line said "created" while building
+            return run
 
     def compare_ste(self) -> dict | None:
         """``Compare STE kinds``: train the sidebar config once per SteKind, concurrently."""
-        cfg = self.config_panel.validated()
-        if cfg is None:
-            return None
-        try:
-            runs = start_ste_comparison(cfg, owner=self.owner, group=f"cmp{next(_groups)}", start=False)
-        except (ValueError, TypeError, RuntimeError) as exc:
-            self.config_panel.notify_error(str(exc))
-            return None
-        self.tabs.active = 1
-        self.comparison = runs      # build the figures first: the training threads then compete for the GIL
-        self.status.runs = list(runs.values())
-        for run in runs.values():
-            run.keep_alive = self.config_panel.keep_alive.value
-            run.start()
-        self.refresh(force=True)
-        return runs
+        with training_paused():   # building the figures: the event loop gets the GIL to itself
+            cfg = self.config_panel.validated()
+            if cfg is None:
+                return None
+            try:
+                runs = start_ste_comparison(cfg, owner=self.owner, group=f"cmp{next(_groups)}", start=False)
+            except (ValueError, TypeError, RuntimeError) as exc:
+                self.config_panel.notify_error(str(exc))
+                return None
+            self.tabs.active = 1
+            self.comparison = runs      # figures first, then the runs start (when the block ends)
+            self.status.runs = list(runs.values())
+            for run in runs.values():
+                run.keep_alive = self.config_panel.keep_alive.value
+                run.start()
+            self.refresh(force=True)
+            self.ste.refresh(force=True)         # its table said "created" while building
+            return runs
 
     def _active_runs(self) -> list[Run]:
         return list(self.status.runs)
