@@ -14,6 +14,13 @@ weight decay, decoupled by default: ``p <- p (1 - lr wd)`` before the update, as
     momentum  buf <- mu buf + g;  p <- p - lr buf                   (torch.optim.SGD, momentum=mu)
     Adam      m <- m + (1 - b1) (g - m);  v <- b2 v + (1 - b2) g^2
               p <- p - (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)   (torch.optim.Adam)
+
+Flush to zero: a state value (``buf``, ``m``, ``v``) smaller in magnitude than the smallest normal
+float32 (``FLT_MIN`` = 1.1755e-38) is stored as 0. Without it, a parameter whose gradient stays 0
+(a dead ReLU unit, a clipped latent) decays its moments into subnormal numbers, where they stay
+(0.9 x the smallest subnormal rounds back to itself), and subnormal arithmetic made the whole
+Adam step 8x slower on an Intel Xeon (7.5 -> 63 us for 19k parameters, a third of them with zero
+gradient). The flushed values move ``p`` by less than 1e-30 lr.
 """
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ from numba import njit
 
 from .kernels.dense import scale_inplace, sum_squares
 
+FLT_MIN = np.float32(np.finfo(np.float32).tiny)   # smallest normal float32: state below it is flushed to 0
 SCHEDULES = ("constant", "step", "cosine")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 
@@ -42,18 +50,21 @@ def _sgd_kernel(p, g, gscale, l2, decay, lr):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _momentum_kernel(p, g, buf, gscale, l2, decay, lr, mu):
-    """buf = mu * buf + (g * gscale + l2 * p);  p = p * decay - lr * buf."""
+    """buf = mu * buf + (g * gscale + l2 * p) (flushed to 0 below FLT_MIN);  p = p * decay - lr * buf."""
     gs, l2f, dec, lrf, muf = np.float32(gscale), np.float32(l2), np.float32(decay), np.float32(lr), np.float32(mu)
     for i in range(p.shape[0]):
         gi = g[i] * gs + l2f * p[i]
         b = muf * buf[i] + gi
+        if abs(b) < FLT_MIN:
+            b = np.float32(0.0)
         buf[i] = b
         p[i] = p[i] * dec - lrf * b
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _adam_kernel(p, g, m, v, gscale, l2, decay, b1, b2, step_size, bc2_sqrt, eps):
-    """Adam with bias correction (see module doc); decay = 1 - lr wd (decoupled) or l2 = wd.
+    """Adam with bias correction and m, v flushed to 0 below FLT_MIN (see module doc); decay = 1 - lr wd
+    (decoupled) or l2 = wd.
     sqrt(v) / sqrt(1 - b2^t) is computed as a multiply by the inverse (saves a division,
     within 1 ulp of torch's division)."""
     gs, l2f, dec = np.float32(gscale), np.float32(l2), np.float32(decay)
@@ -63,6 +74,10 @@ def _adam_kernel(p, g, m, v, gscale, l2, decay, b1, b2, step_size, bc2_sqrt, eps
         gi = g[i] * gs + l2f * p[i]
         mi = m[i] + c1 * (gi - m[i])
         vi = b2f * v[i] + c2 * gi * gi
+        if abs(mi) < FLT_MIN:
+            mi = np.float32(0.0)
+        if vi < FLT_MIN:
+            vi = np.float32(0.0)
         m[i] = mi
         v[i] = vi
         p[i] = p[i] * dec - st * mi / (np.sqrt(vi) * inv_bc + ep)
