@@ -211,8 +211,9 @@ def component_costs(base: C.ExperimentConfig, opts: BenchOptions) -> dict[str, f
     predictors = {}
     for kind in ("momentum", "least_squares"):
         p = make_predictor(kind, n, base.phase.prediction)
-        for t in range(len(p.steps)):
+        for t in range(len(p.steps)):    # one single-gradient block per step: a full trend history
             p.push(rng.standard_normal(n).astype(np.float32), t)
+            p.close_block()
         predictors[kind] = (p, np.empty(n, np.float32), np.empty(n, np.float32), len(p.steps) + 5)
 
     def fwd_loss():
@@ -221,10 +222,9 @@ def component_costs(base: C.ExperimentConfig, opts: BenchOptions) -> dict[str, f
     def bwd():
         mlp.backward(xb, scratch, grads, need_input_grad=False)
 
-    def predict(kind):
+    def predict(kind):     # what a PREDICT step does: prediction + its norm, then the clipping pass
         p, buf, out, step = predictors[kind]
-        p.predict(step, buf)
-        norm = float(np.sqrt(np.dot(buf, buf)))
+        norm = math.sqrt(p.predict_sumsq(step, buf))
         np.multiply(buf, np.float32(1.0 / (norm + 1e-6)), out=out)
 
     def metrics_row():

@@ -135,12 +135,13 @@ class OptimConfig(_Config):
 class PredictionConfig(_Config):
     """How PhaseTrainer predicts gradients between full backward passes."""
 
-    history_size = param.Integer(default=5, bounds=(2, 64), doc="Real gradients kept for the least-squares fit.")
+    history_size = param.Integer(default=5, bounds=(2, 64), doc="Block means (one per FULL run) kept for the least-squares fit.")
     momentum = param.Number(default=0.9, bounds=(0.0, 2.0), doc=(
-        "m in g_hat = g1 + m (k / (t1 - t2)) (g1 - g2), k = steps since g1 (= g1 + m (g1 - g2) one step ahead)."))
+        "m in g_hat = g1 + m (k / (T1 - T2)) (G1 - G2): the trend between the two newest block means G "
+        "(one per FULL run, at their mean steps T), extrapolated k steps from the newest real gradient g1."))
     correction_weight = param.Number(default=0.5, bounds=(0.0, 1.0), doc="Share of the measured error folded into the correction.")
     history_decay = param.Number(default=0.95, bounds=(0.0, 1.0), inclusive_bounds=(False, True),
-                                 doc=("Weight history_decay^age of older gradients in the least-squares fit; "
+                                 doc=("Weight history_decay^age (steps) of older block means in the least-squares fit; "
                                       "the learned correction decays by this factor per step."))
     residual_threshold = param.Number(default=0.5, bounds=(0.0, None), doc=(
         "Relative prediction error above which the learned residual is reset."))

@@ -461,9 +461,18 @@ def test_phase_mode_is_deterministic_and_runs_with_lsq():
     assert res.status == "finished" and res.final["backward_passes"] < res.final["steps"]
 
 
+def _float_weights(cfg):
+    cfg.quant.weights = "float"
+    return cfg
+
+
 def test_phase_gradient_accumulation_averages_micro_batches():
-    one = ql.run_experiment(phase_cfg(epochs=1, full_steps=23, predict_steps=0)).history
-    four = ql.run_experiment(phase_cfg(epochs=1, full_steps=23, predict_steps=0, gradient_accumulation=4)).history
+    # float weights: the mean gradient of 4 x 16 rows equals the 64-row one to ~2e-7 for float and
+    # ternary weights alike, but with ternary weights that rounding difference flips trits within a
+    # few steps and the two trajectories part; float weights keep them comparable for an epoch.
+    one = ql.run_experiment(_float_weights(phase_cfg(epochs=1, full_steps=23, predict_steps=0))).history
+    four = ql.run_experiment(_float_weights(phase_cfg(epochs=1, full_steps=23, predict_steps=0,
+                                                      gradient_accumulation=4))).history
     tr = train_rows(one)
     # 64 = 4 x 16 equal micro-batches: the mean of their mean gradients is the batch gradient
     np.testing.assert_allclose(four["loss"][tr], one["loss"][tr], rtol=2e-3)

@@ -125,38 +125,49 @@ def test_current_phase_and_should_compute_full():
 
 # ----------------------------------------------------------------- predictions and correction
 def test_predictions_follow_a_linear_trend():
-    """Real gradients a + t b: both predictors extrapolate them exactly, moving with t."""
+    """Real gradients a + t b: from the second cycle on (two FULL blocks) both predictors
+    extrapolate them exactly, moving with t; in the first cycle the prediction is the anchor."""
     a, b = grad_at(0, seed=1), grad_at(0, seed=2)
     lin = lambda t: {k: (a[k] + np.float32(t) * b[k] * F32(0.01)).astype(F32) for k in a}
     for kind, pred in [("momentum", {"momentum": 1.0}), ("least_squares", {"history_decay": 0.9})]:
+        pred["correction_weight"] = 0.0           # the first cycle's anchor-only error is not learned
         pt = PhaseTrainer(SHAPES, cfg(full_steps=3, predict_steps=5, correct_every=5, max_grad_norm=0.0,
                                       predictor=kind, prediction=pred))
         outs = []
-        for t in range(8):
+        for t in range(16):                       # F F F P P P P C | F F F P P P P C
             info, g = step(pt, grads=lin(t))
-            if info.phase is P:
+            if info.phase is P and t < 8:
+                np.testing.assert_allclose(g, flat(lin(2)), rtol=1e-6)       # one block: no trend yet
+            elif info.phase is P:
                 np.testing.assert_allclose(g, flat(lin(t)), rtol=1e-5, atol=1e-6)
                 outs.append(g)
         assert len(outs) == 4 and not np.allclose(outs[0], outs[1])
 
 
 def test_momentum_prediction_formula_in_trainer():
+    """g1 + m (k / (T1 - T2)) (G1 - G2): G = means of the FULL runs, g1 = newest real gradient
+    (a CORRECT gradient replaces the anchor but opens no block)."""
     m = 0.9
     pt = PhaseTrainer(SHAPES, cfg(full_steps=2, predict_steps=3, correct_every=3, max_grad_norm=0.0,
                                   prediction={"momentum": m}))
-    g0, g1 = flat(grad_at(0)), flat(grad_at(1))
-    step(pt)
-    step(pt)
-    for k in (1, 2):
-        info, g = step(pt)
-        assert info.phase is P
-        np.testing.assert_allclose(g, g1 + m * k * (g1 - g0), rtol=1e-5, atol=1e-7)
+    a = [flat(grad_at(t)) for t in range(12)]
+    infos, outs = zip(*[step(pt) for _ in range(12)])   # F F P P C F F P P C F F
+    assert [i.phase for i in infos[:10]] == [F, F, P, P, C, F, F, P, P, C]
+    np.testing.assert_allclose(outs[2], a[1], rtol=1e-6)              # one block: the anchor
+    np.testing.assert_allclose(outs[3], a[1], rtol=1e-6)
+    G1, G2 = (a[0] + a[1]) / 2, (a[5] + a[6]) / 2                     # at T = 0.5 and 5.5
+    for t in (7, 8):
+        np.testing.assert_allclose(outs[t], a[6] + m * (t - 6) / 5.0 * (G2 - G1), rtol=1e-5, atol=1e-7)
+    pred9 = a[6] + m * 3 / 5.0 * (G2 - G1)                             # measured on the CORRECT step
+    assert pt.get_stats().corrections == 2
+    assert pt.last_correction.cosine == pytest.approx(a[9] @ pred9 / np.linalg.norm(a[9]) / np.linalg.norm(pred9),
+                                                      rel=1e-5)
 
 
 def test_least_squares_selected_with_history_size():
     pt = PhaseTrainer(SHAPES, cfg(predictor="least_squares", prediction={"history_size": 7}))
     assert isinstance(pt._predictor, LeastSquaresPredictor)
-    assert pt.get_stats().predictor_bytes == 7 * 16 * 4 + 7 * 8 + 16 * 4
+    assert pt.get_stats().predictor_bytes == 7 * 16 * 4 + 7 * 8 + 4 * 16 * 4
     assert isinstance(PhaseTrainer(SHAPES, cfg())._predictor, MomentumPredictor)
 
 
@@ -228,7 +239,7 @@ def test_max_grad_norm_clips_real_and_predicted():
     _, g1 = step(pt, grads=big1)
     info, gp = step(pt)
     assert info.phase is P and np.linalg.norm(gp) == pytest.approx(1.0, rel=1e-5)
-    raw = flat(big1) + 0.9 * (flat(big1) - flat(big))          # the history holds unclipped gradients
+    raw = flat(big1)                          # the anchor holds the unclipped gradient (one block: no trend)
     np.testing.assert_allclose(gp, raw / (np.linalg.norm(raw) + 1e-6), rtol=1e-5)
     assert pt.get_stats().clipped_steps == 3
     assert pt.step_metrics()["grad_norm"] == pytest.approx(np.linalg.norm(raw), rel=1e-5)
@@ -403,7 +414,7 @@ def test_stats_losses_bytes_and_metrics():
         step(pt, loss=loss)
     s = pt.get_stats()
     assert s.mean_loss == {"warmup": 4.0, "full": 3.0, "predict": 2.0, "correct": 1.0}
-    assert s.predictor_bytes == 2 * 16 * 4 + 2 * 8 + 16 * 4
+    assert s.predictor_bytes == 2 * 16 * 4 + 2 * 8 + 4 * 16 * 4
     assert s.accumulator_bytes == 0 and s.compressor_bytes == 0      # created on first access
     acc, comp = pt.ternary_accumulator, pt.vsa_compressor
     assert pt.get_stats().accumulator_bytes == acc.nbytes > 0 and pt.get_stats().compressor_bytes == comp.nbytes > 0

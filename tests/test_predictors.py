@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from qatlab.config import PredictionConfig
-from qatlab.kernels.phase_kernels import all_finite, combine_history, compare_vectors, fold_correction, sum_squares
+from qatlab.kernels.phase_kernels import (all_finite, anchor_trend, compare_vectors, copy_sum_squares, fold_correction,
+                                         sum_squares, sum_squares_fast, weighted_rows)
 from qatlab.train.predictors import (LeastSquaresPredictor, MomentumPredictor, ParamLayout, make_predictor)
 
 F32 = np.float32
@@ -43,16 +44,41 @@ def test_compare_vectors_kernel(rng):
     np.testing.assert_allclose(out, [a64 @ p64, a64 @ a64, p64 @ p64, (a64 - p64) @ (a64 - p64)], rtol=1e-12)
 
 
-@pytest.mark.parametrize("h", [1, 2, 5])
-def test_combine_history_kernel(rng, h):
-    hist = rng.standard_normal((h, 64)).astype(F32)
-    coeffs = rng.standard_normal(h)
-    corr = vec(rng)
+@pytest.mark.parametrize("n", [0, 3, 8, 1003])
+def test_sum_squares_fast_and_copy_kernels(rng, n):
+    x = vec(rng, n)
+    ref = np.sum(x.astype(np.float64) ** 2)
+    assert sum_squares_fast(x) == pytest.approx(ref, rel=1e-12)
+    dst = np.full(n, 7.0, F32)
+    assert copy_sum_squares(x, dst) == pytest.approx(ref, rel=1e-12)
+    np.testing.assert_array_equal(dst, x)
+    if n:
+        for bad in (np.nan, np.inf):
+            y = x.copy()
+            y[n // 2] = bad
+            assert not math.isfinite(copy_sum_squares(y, dst)) and not math.isfinite(sum_squares_fast(y))
+
+
+@pytest.mark.parametrize("k,s", [(0.0, 0.0), (3.0, 0.0), (0.0, 0.7), (2.5, 0.7)])
+def test_anchor_trend_kernel(rng, k, s):
+    anchor, trend, corr = vec(rng), vec(rng), vec(rng)
     out = np.zeros(64, F32)
-    combine_history(hist, coeffs, corr, 0.7, out)
-    ref = 0.7 * corr.astype(np.float64)
+    ss = anchor_trend(anchor, trend, k, corr, s, out)
+    ref = (anchor.astype(np.float64) + k * trend.astype(np.float64) + s * corr.astype(np.float64)).astype(F32)
+    np.testing.assert_array_equal(out, ref)
+    assert ss == pytest.approx(np.sum(ref.astype(np.float64) ** 2), rel=1e-12)
+
+
+@pytest.mark.parametrize("h", [1, 2, 5])
+def test_weighted_rows_kernel(rng, h):
+    rows = rng.standard_normal((h, 64)).astype(F32)
+    coeffs = rng.standard_normal(h)
+    coeffs[0] = 0.0                              # skipped rows add nothing
+    out = np.full(64, 9.0, F32)
+    weighted_rows(rows, coeffs, out)
+    ref = np.zeros(64)
     for i in range(h):
-        ref = ref + coeffs[i] * hist[i].astype(np.float64)
+        ref = ref + coeffs[i] * rows[i].astype(np.float64)
     np.testing.assert_array_equal(out, ref.astype(F32))
 
 
@@ -102,12 +128,34 @@ def cfg(**kw):
     return PredictionConfig(**kw)
 
 
+def push_blocks(p, blocks):
+    """blocks: list of [(grad, step), ...]; each list is one block (pushed, then closed)."""
+    for block in blocks:
+        for g, t in block:
+            p.push(g, t)
+        p.close_block()
+
+
+def block_means(blocks):
+    """(means float64, mean steps) of the blocks: the slow reference of close_block."""
+    return ([np.mean([g.astype(np.float64) for g, _ in b], axis=0) for b in blocks],
+            [float(np.mean([s for _, s in b])) for b in blocks])
+
+
+def momentum_reference(anchor, t1, blocks, t, m):
+    """g1 + m (k / (T1 - T2)) (G1 - G2) from the raw block contents (float64)."""
+    if len(blocks) < 2:
+        return anchor.astype(np.float64)
+    means, times = block_means(blocks)
+    return anchor.astype(np.float64) + m * (t - t1) / (times[-1] - times[-2]) * (means[-1] - means[-2])
+
+
 def test_momentum_exact_formula_one_step_ahead(rng):
+    """Single-gradient blocks at consecutive steps: one step ahead it is g1 + m (g1 - g2)."""
     m = 0.9
     p = MomentumPredictor(64, cfg(momentum=m))
     g2, g1 = vec(rng), vec(rng)
-    p.push(g2, 10)
-    p.push(g1, 11)
+    push_blocks(p, [[(g2, 10)], [(g1, 11)]])
     out = p.predict(12, np.zeros(64, F32))
     ref = g1.astype(np.float64) + m * (g1.astype(np.float64) - g2.astype(np.float64))
     np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
@@ -117,8 +165,7 @@ def test_momentum_extrapolates_with_step_count(rng):
     m = 0.5
     p = MomentumPredictor(64, cfg(momentum=m))
     g2, g1 = vec(rng), vec(rng)
-    p.push(g2, 4)
-    p.push(g1, 7)              # gap 3
+    push_blocks(p, [[(g2, 4)], [(g1, 7)]])              # gap 3
     preds = [p.predict(t, np.zeros(64, F32)).copy() for t in (8, 9, 12)]
     for t, out in zip((8, 9, 12), preds):
         ref = g1 + m * (t - 7) / 3 * (g1.astype(np.float64) - g2)
@@ -126,19 +173,42 @@ def test_momentum_extrapolates_with_step_count(rng):
     assert not np.array_equal(preds[0], preds[1])
 
 
-def test_momentum_single_gradient_and_ring(rng):
+def test_momentum_block_means_and_anchor(rng):
+    """Trend between block means, extrapolated from the newest real gradient (the anchor)."""
+    m = 0.9
+    p = MomentumPredictor(64, cfg(momentum=m))
+    blocks = [[(vec(rng), s) for s in range(0, 4)], [(vec(rng), s) for s in range(10, 14)],
+              [(vec(rng), s) for s in range(20, 23)]]
+    push_blocks(p, blocks)
+    gc = vec(rng)
+    p.push(gc, 30, block=False)                         # a CORRECT gradient: anchor only, no block
+    assert p.block_count == 0 and p.count == 2 and p.newest_step == 30
+    for t in (31, 35):
+        out = p.predict(t, np.zeros(64, F32))
+        np.testing.assert_allclose(out, momentum_reference(gc, 30, blocks, t, m), rtol=1e-5, atol=1e-5)
+    g_open = [(vec(rng), s) for s in (40, 41)]          # an open block is closed by the next prediction
+    for g, s in g_open:
+        p.push(g, s)
+    out = p.predict(44, np.zeros(64, F32))
+    np.testing.assert_allclose(out, momentum_reference(g_open[-1][0], 41, blocks + [g_open], 44, m),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_momentum_single_block_and_ring(rng):
     p = MomentumPredictor(64, cfg())
     with pytest.raises(RuntimeError, match="no real gradient"):
         p.predict(0, np.zeros(64, F32))
     g = vec(rng)
     p.push(g, 0)
-    np.testing.assert_array_equal(p.predict(5, np.zeros(64, F32)), g)
+    np.testing.assert_array_equal(p.predict(5, np.zeros(64, F32)), g)     # one block: no trend
     gs = [vec(rng) for _ in range(3)]
-    for t, gi in enumerate(gs, start=1):
-        p.push(gi, t)
-    out = p.predict(4, np.zeros(64, F32))     # uses the last two only
+    push_blocks(p, [[(gi, t)] for t, gi in enumerate(gs, start=6)])
+    out = p.predict(9, np.zeros(64, F32))     # uses the last two blocks only
     np.testing.assert_allclose(out, gs[2] + 0.9 * (gs[2].astype(np.float64) - gs[1]), rtol=1e-5, atol=1e-5)
-    assert p.nbytes == 2 * 64 * 4 + 2 * 8 + 64 * 4
+    assert p.nbytes == 2 * 64 * 4 + 2 * 8 + 4 * 64 * 4     # entries + steps + anchor, open block, trend, correction
+    p.reset()
+    with pytest.raises(RuntimeError, match="no real gradient"):
+        p.predict(0, np.zeros(64, F32))
 
 
 def test_push_requires_increasing_steps(rng):
@@ -149,14 +219,14 @@ def test_push_requires_increasing_steps(rng):
 
 
 # ----------------------------------------------------------------- least squares
-def ls_reference(grads, steps, t, decay, history_size):
-    """np.polyfit per element with weights decay^age (polyfit squares its w)."""
-    g = np.array(grads[-history_size:], dtype=np.float64)
-    s = np.array(steps[-history_size:], dtype=np.float64)
-    x = s - s[-1]
+def ls_reference(anchor, t1, blocks, t, decay, history_size):
+    """anchor + b (t - t1), b the per-element slope of np.polyfit over the last history_size
+    block means with weights decay^age (polyfit squares its w)."""
+    means, times = block_means(blocks[-history_size:])
+    x = np.array(times) - times[-1]
     w = decay ** (-x)
-    b, a = np.polyfit(x, g, 1, w=np.sqrt(w))
-    return a + b * (t - s[-1])
+    b, _ = np.polyfit(x, np.array(means), 1, w=np.sqrt(w))
+    return anchor.astype(np.float64) + b * (t - t1)
 
 
 @pytest.mark.parametrize("decay,steps", [(0.95, [0, 1, 2, 3, 4, 5, 6]), (0.5, [0, 1, 2, 12, 13, 14, 24]),
@@ -164,25 +234,28 @@ def ls_reference(grads, steps, t, decay, history_size):
 def test_least_squares_matches_weighted_polyfit(rng, decay, steps):
     h = 5
     p = LeastSquaresPredictor(64, cfg(history_size=h, history_decay=decay))
-    base = vec(rng)
-    slope = vec(rng)
-    grads = [base + 0.1 * s * slope + 0.3 * vec(rng) for s in steps]
-    for g, s in zip(grads, steps):
-        p.push(g, s)
-    for t in (steps[-1] + 1, steps[-1] + 7):
+    base, slope = vec(rng), vec(rng)
+    blocks = [[(base + 0.1 * s * slope + 0.3 * vec(rng), 3 * s), (base + 0.1 * s * slope + 0.3 * vec(rng), 3 * s + 1)]
+              for s in steps]                         # blocks of two gradients, mean step 3 s + 0.5
+    push_blocks(p, blocks)
+    anchor, t1 = vec(rng), 3 * steps[-1] + 5
+    p.push(anchor, t1, block=False)
+    for t in (t1 + 1, t1 + 7):
         out = p.predict(t, np.zeros(64, F32))
-        np.testing.assert_allclose(out, ls_reference(grads, steps, t, decay, h), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(out, ls_reference(anchor, t1, blocks, t, decay, h), rtol=1e-4, atol=1e-4)
 
 
 def test_least_squares_exact_on_linear_trend(rng):
     p = LeastSquaresPredictor(64, cfg(history_size=4))
     a, b = vec(rng), vec(rng)
-    for s in range(4):
-        p.push(a + s * b, s)
+    push_blocks(p, [[(a + s * b, s)] for s in range(4)])
     out = p.predict(10, np.zeros(64, F32))
     np.testing.assert_allclose(out, a + 10 * b.astype(np.float64), rtol=1e-4, atol=1e-4)
     assert not np.allclose(out, p.predict(11, np.zeros(64, F32)))   # moves with the step
-    assert p.nbytes == 4 * 64 * 4 + 4 * 8 + 64 * 4
+    assert p.nbytes == 4 * 64 * 4 + 4 * 8 + 4 * 64 * 4
+    q = LeastSquaresPredictor(64, cfg(history_size=4))
+    push_blocks(q, [[(a, 0)]])
+    np.testing.assert_array_equal(q.predict(3, np.zeros(64, F32)), a)     # one entry: no slope
 
 
 def test_make_predictor():

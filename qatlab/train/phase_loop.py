@@ -73,7 +73,7 @@ class PhaseStepper:
         """Phase columns for the metrics row; prediction error/cosine only right after a correction."""
         raw = self.trainer.step_metrics()
         row = {_COLUMNS[k]: v for k, v in raw.items() if k in _COLUMNS}
-        corrections = self.trainer.get_stats().corrections
+        corrections = self.trainer.correction_count
         if corrections == self._last_correction_step:
             row.pop("pred_error"), row.pop("pred_cosine")
         self._last_correction_step = corrections
