@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from . import fpmode
+
 #: An element-wise kernel over at least this many elements is split.
 MIN_ELEMENTS = 1 << 20
 #: A matrix product of at least this many multiply-adds (rows x inner x columns) is split.
@@ -55,12 +57,23 @@ def split_rows(fn, n_rows: int, parts: int) -> None:
     try:
         if _pool is None:
             _pool = ThreadPoolExecutor(max(1, cores() - 1), thread_name_prefix="qatlab-split")
-        futures = [_pool.submit(fn, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+        mode = fpmode.get_mode()      # the slices run in the caller's floating-point mode
+        futures = [_pool.submit(_in_mode, mode, fn, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
         fn(bounds[0], bounds[1])
         for f in futures:
             f.result()
     finally:
         _splitting.release()
+
+
+def _in_mode(mode, fn, lo: int, hi: int) -> None:
+    """``fn(lo, hi)`` on a pool thread with the MXCSR ``mode`` of the thread that split the work."""
+    before = fpmode.get_mode()
+    fpmode.set_mode(mode)
+    try:
+        fn(lo, hi)
+    finally:
+        fpmode.set_mode(before)
 
 
 def elementwise(kernel, arrays, scalars, out) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 from .. import parallel
 from ..config import ExperimentConfig
 from ..data import Dataset, load_dataset
+from ..fpmode import subnormals_flushed
 from ..metrics import MetricsLog
 from ..nn import Mlp, accuracy, cross_entropy_loss, mse_loss
 from ..optim import make_optimizer
@@ -150,7 +151,14 @@ def train_experiment(cfg: ExperimentConfig, log: MetricsLog | None = None, repor
 
     report(steps_done, total_steps) -> bool is called every step; publish_weights(dict)
     receives ``{"layer<i>": (latent W copy, quantized W copy)}`` about twice a second.
+    Runs with subnormal floats flushed to zero in the calling thread (:mod:`qatlab.fpmode`),
+    restored afterwards.
     """
+    with subnormals_flushed():
+        return _train(cfg, log, report, publish_weights)
+
+
+def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weights):
     from ..runs import RunResult
 
     cfg.validate()
