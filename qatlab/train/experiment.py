@@ -39,10 +39,9 @@ def training_paused():
     """Hold every :data:`STEP_SLOTS` slot while the block runs: steps in progress finish, no new
     step starts. Re-entrant within a thread.
 
-    The dashboard wraps its short heavy UI work in it (building figures after Start, Compare or a
-    tab switch, a page's construction): with training threads running, the event loop otherwise
-    gets about a third of the GIL and those 0.1-0.4 s stretches take three times longer, during
-    which the server answers no other request.
+    The dashboard wraps its short heavy UI work in it (building figures after Start, Compare, a
+    tab switch or a plot option): that work holds the server's event loop, which answers no other
+    request meanwhile, and it would otherwise share the GIL and the cores with the training steps.
     """
     depth = getattr(_paused, "depth", 0)
     slots = STEP_SLOTS

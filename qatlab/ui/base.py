@@ -7,7 +7,8 @@ histograms, status text). Changing ``log_y`` or ``x_axis`` rebuilds the view's
 figures from the same sources (Bokeh cannot swap a live figure's scale type).
 
 Rebuilding figures pauses training (``training_paused``) for its fraction of a second, so the
-event loop has the GIL to itself meanwhile. The time-series figures' ranges are fitted on the server once per tick (:meth:`LiveView.fit_ranges`).
+event loop has the GIL to itself meanwhile. The time-series figures' ranges are fitted on the
+server once per tick (:meth:`LiveView.fit_ranges`).
 
 Per tick, all Bokeh events go to the browser as one message (``pn.io.hold``); status text
 is throttled to about 2 Hz (:class:`Throttle`).
