@@ -111,8 +111,9 @@ class LiveView(pn.viewable.Viewer):
             self._fitter = RangeFitter(figures)
         self._fitter.update()
 
-    def refresh(self) -> None:
-        """Update the non-streamed parts (status text, tables, histograms). Cheap when nothing changed."""
+    def refresh(self, force: bool = False) -> None:
+        """Update the non-streamed parts (status text, tables, histograms). Cheap when nothing changed;
+        views that throttle these updates skip the throttle when ``force``."""
 
     def follow_run(self, run) -> None:
         """For views with a ``run`` parameter: rebuild whenever it changes, and show ``run`` now

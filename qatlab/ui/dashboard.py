@@ -128,7 +128,6 @@ class Dashboard(pn.viewable.Viewer):
             self.status.runs = [run]
             run.start()
             self.refresh(force=True)
-            self.overview.refresh(force=True)    # its status line said "created" while building
             return run
 
     def compare_ste(self) -> dict | None:
@@ -149,7 +148,6 @@ class Dashboard(pn.viewable.Viewer):
                 run.keep_alive = self.config_panel.keep_alive.value
                 run.start()
             self.refresh(force=True)
-            self.ste.refresh(force=True)         # its table said "created" while building
             return runs
 
     def _active_runs(self) -> list[Run]:
@@ -209,10 +207,10 @@ class Dashboard(pn.viewable.Viewer):
         view.fit_ranges()
 
     def refresh(self, force: bool = False) -> None:
-        """Sidebar progress (now if ``force``, else at most twice a second) and the visible tab's
-        non-streamed parts."""
+        """Sidebar progress and the visible tab's non-streamed parts (now if ``force``, else as
+        often as their throttles allow)."""
         self.status.refresh(force)
-        self.views[self.tabs.active].refresh()
+        self.views[self.tabs.active].refresh(force)
 
     def _safe_pull(self) -> None:
         if not self.closed:

@@ -131,8 +131,9 @@ class QuantView(LiveView):
                                pn.pane.Markdown("### Quantizer over time", margin=(0, 10)), series]
         self.refresh()
 
-    def refresh(self) -> None:
-        """Recompute the histograms when the run published a new weight snapshot."""
+    def refresh(self, force: bool = False) -> None:
+        """Recompute the histograms when the run published a new weight snapshot (already on
+        every call: ``force`` changes nothing)."""
         if self.run is None:
             return
         snap = self.run.weight_snapshot()
