@@ -127,14 +127,20 @@ def sum_squares_fast(x):
     return s
 
 
-@njit(**_OPTS)
+@njit(fastmath={"reassoc"}, **_OPTS)
 def copy_sum_squares(src, dst):
     """dst[:] = src and return :func:`sum_squares_fast` (src) (inf or NaN iff src holds inf or NaN).
 
-    src, dst float32 (n,): the copy, the finiteness check and the norm of a real gradient.
+    src, dst float32 (n,): the copy, the finiteness check and the norm of a real gradient, in one
+    loop (Numba's ``dst[:] = src`` alone took 4.9 us for 19k floats; this whole kernel 2.1 us).
     """
-    dst[:] = src
-    return sum_squares_fast(dst)
+    s = 0.0
+    for i in range(src.shape[0]):
+        v = src[i]
+        dst[i] = v
+        d = np.float64(v)
+        s += d * d
+    return s
 
 
 @njit(**_OPTS)
@@ -170,7 +176,8 @@ def anchor_trend(anchor, trend, k, corr, corr_scale, out):
         for j in range(n):
             out[j] = np.float32(np.float64(anchor[j]) + corr_scale * np.float64(corr[j]))
     else:
-        out[:] = anchor
+        for j in range(n):      # a loop: Numba's slice copy ``out[:] = anchor`` is ~3x slower
+            out[j] = anchor[j]
     return sum_squares_fast(out)
 
 
