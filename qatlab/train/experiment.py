@@ -29,7 +29,8 @@ EVAL_CHUNK = 1024
 #: At most this many training steps run at once in the process (one per core); the other runs'
 #: threads wait on it, not on the GIL, so several runs share the cores without starving each
 #: other or the dashboard's event loop.
-STEP_SLOTS = threading.BoundedSemaphore(parallel.cores())
+STEP_SLOT_COUNT = parallel.cores()
+STEP_SLOTS = threading.BoundedSemaphore(STEP_SLOT_COUNT)
 SNAPSHOT_SECONDS = 0.5
 _paused = threading.local()
 
@@ -48,7 +49,7 @@ def training_paused():
     taken = 0
     try:
         if depth == 0:
-            for _ in range(parallel.cores()):
+            for _ in range(STEP_SLOT_COUNT):
                 slots.acquire()
                 taken += 1
         _paused.depth = depth + 1

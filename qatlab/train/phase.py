@@ -103,6 +103,10 @@ class TrainingPhase(enum.IntEnum):
         return self is not TrainingPhase.PREDICT
 
 
+# int codes for the per-step counters (list indices; cheaper than comparing enum members)
+_FULL, _PREDICT = int(TrainingPhase.FULL), int(TrainingPhase.PREDICT)
+
+
 @dataclass(frozen=True)
 class StepInfo:
     """What :meth:`PhaseTrainer.begin_step` decided for one step.
@@ -301,7 +305,7 @@ class PhaseTrainer:
 
     # ------------------------------------------------------------------ schedule
     def _backward_steps(self) -> int:
-        return self._total - self._counts[2]
+        return self._total - self._counts[_PREDICT]
 
     def _segment_length(self, segment: TrainingPhase) -> float:
         if segment is TrainingPhase.WARMUP:
@@ -550,7 +554,7 @@ class PhaseTrainer:
             self._loss_sums[code] += loss
             self._loss_counts[code] += 1
             if code:    # not WARMUP
-                acc = self._cycle_loss[0 if code == 1 else 1]
+                acc = self._cycle_loss[0 if code == _FULL else 1]
                 acc[0] += loss
                 acc[1] += 1
         self._prev_phase = phase
