@@ -16,7 +16,7 @@ At each size (default 4K, 256K and 16M float32 elements; ``--quick``: 4K and
 
 Data: ``x, g ~ N(0, 1)`` float32, 8-bit symmetric, scale 3/127 (about 0.3 % of
 x is clamped). The ``kernel`` rows run on one thread; ``FakeQuantize`` splits a tensor of at
-least ``qatlab.parallel.MIN_ELEMENTS`` (1M) elements across the cores (the 16M rows). Goals (issue 2) are printed
+least ``qatlab.parallel.MIN_ELEMENTS`` (262,144) elements across the cores (the 16M rows). Goals (issue 2) are printed
 as PASS / MISS / SKIP lines from the medians; nothing is tuned per goal.
 """
 from __future__ import annotations

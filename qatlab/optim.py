@@ -30,6 +30,7 @@ import numbers
 import numpy as np
 from numba import njit
 
+from . import parallel
 from .kernels.dense import scale_inplace, sum_squares
 
 FLT_MIN = np.float32(np.finfo(np.float32).tiny)   # smallest normal float32: state below it is flushed to 0
@@ -84,6 +85,14 @@ def _adam_kernel(p, g, m, v, gscale, l2, decay, b1, b2, step_size, bc2_sqrt, eps
 
 
 # -- helpers ------------------------------------------------------------------------------------
+def _run(kernel, arrays, scalars) -> None:
+    """``kernel(*arrays, *scalars)``; a big segment is split across the cores (same bits)."""
+    if arrays[0].shape[0] >= parallel.MIN_ELEMENTS:
+        parallel.elementwise(kernel, arrays, scalars)
+    else:
+        kernel(*arrays, *scalars)
+
+
 def _ptr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
@@ -273,10 +282,10 @@ class SGD(Optimizer):
     def _update(self, arrays, gscale, l2, decay, lr):
         if self.momentum > 0:
             p, g, buf = arrays
-            _momentum_kernel(p, g, buf, gscale, l2, decay, lr, self.momentum)
+            _run(_momentum_kernel, (p, g, buf), (gscale, l2, decay, lr, self.momentum))
         else:
             p, g = arrays
-            _sgd_kernel(p, g, gscale, l2, decay, lr)
+            _run(_sgd_kernel, (p, g), (gscale, l2, decay, lr))
 
 
 class Momentum(SGD):
@@ -303,8 +312,8 @@ class Adam(Optimizer):
     def _update(self, arrays, gscale, l2, decay, lr):
         p, g, m, v = arrays
         b1, b2 = self.betas
-        _adam_kernel(p, g, m, v, gscale, l2, decay, b1, b2, lr / (1.0 - b1 ** self.t),
-                     math.sqrt(1.0 - b2 ** self.t), self.eps)
+        _run(_adam_kernel, (p, g, m, v), (gscale, l2, decay, b1, b2, lr / (1.0 - b1 ** self.t),
+                                           math.sqrt(1.0 - b2 ** self.t), self.eps))
 
 
 def make_optimizer(cfg, params, steps_per_epoch: int) -> Optimizer:

@@ -603,7 +603,14 @@ class TernaryQuantizer(param.Parameterized):
             out = _out_buffer(out, w.shape, "out")
         if w.size == 0:
             raise ValueError("w: cannot ternarize an empty array")
-        alpha = K.ternary_forward(w.reshape(-1), out.reshape(-1))
+        wv, outv = w.reshape(-1), out.reshape(-1)
+        if w.size < parallel.MIN_ELEMENTS:
+            alpha = K.ternary_forward(wv, outv)
+        else:  # the scale on one thread (a split sum would change its bits), the projection split
+            alpha = K.ternary_alpha(wv)
+            if math.isfinite(alpha):
+                f32 = np.float32
+                parallel.elementwise(K.fq_forward, (wv,), (f32(1.0) / alpha, alpha, f32(0.0), f32(-1.0), f32(1.0)), outv)
         if not math.isfinite(alpha):
             raise ValueError("w: contains NaN or inf; cannot compute the absmean scale")
         self.alpha = alpha

@@ -124,6 +124,38 @@ def test_softmax_cross_entropy_nan_logits_give_nan_loss():
     assert np.isnan(K.softmax_cross_entropy(logits, np.array([0, 1]), np.empty_like(logits)))
 
 
+def test_exp_nonpositive_is_within_1_02_ulp_of_exp_and_0_below_flt_min():
+    x = np.linspace(-87.3, 0.0, 400_000, dtype=np.float32).reshape(400, 1000)
+    out, bits = np.empty_like(x), np.empty(x.shape, np.int32)
+    K.exp_nonpositive(x, out, bits)
+    exact = np.exp(x.astype(np.float64))
+    ulp = np.spacing(exact.astype(np.float32)).astype(np.float64)
+    assert (np.abs(out - exact) / ulp).max() <= 1.02
+    tiny = np.array([[-87.34, -87.5, -100.0, -1e30, -0.0]], np.float32)
+    out, bits = np.empty_like(tiny), np.empty(tiny.shape, np.int32)
+    K.exp_nonpositive(tiny, out, bits)
+    np.testing.assert_array_equal(out, [[0, 0, 0, 0, 1]])
+
+
+@pytest.mark.parametrize("B, C, scale", [(70, 10, 3.0), (33, 1000, 60.0), (17, 3, 1e3)])
+def test_softmax_cross_entropy_many_rows_wide_range(B, C, scale):
+    """More than 16 rows (the log is taken of products of 16 row sums) and exps that underflow."""
+    logits = rand((B, C), seed=B, scale=scale)
+    labels = np.random.default_rng(C).integers(0, C, B)
+    d = np.empty_like(logits)
+    loss = K.softmax_cross_entropy(logits, labels, d)
+    ref_loss, ref_grad = ref_xent(logits, labels)
+    assert loss == pytest.approx(ref_loss, rel=1e-6, abs=1e-6)
+    np.testing.assert_allclose(d, ref_grad, rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf])
+def test_softmax_cross_entropy_infinite_logits_give_nan_loss(bad):
+    logits = rand((20, 3), seed=7)
+    logits[17, 1] = bad
+    assert np.isnan(K.softmax_cross_entropy(logits, np.zeros(20, np.int64), np.empty_like(logits)))
+
+
 def test_mse_matches_numpy():
     y, t = rand((5, 3), seed=8), rand((5, 3), seed=9)
     d = np.empty_like(y)

@@ -856,3 +856,24 @@ def test_split_across_cores_is_bit_identical(rng, monkeypatch, kind, parts):
     inplace = x.copy()
     fq.forward(inplace, out=inplace)                     # out aliasing x, split in slices
     assert np.array_equal(inplace, y1)
+
+
+def test_ternary_projection_of_a_big_tensor_is_split_with_the_same_bits(rng, monkeypatch):
+    """A ternary weight of >= parallel.MIN_ELEMENTS: alpha on one thread, the projection in slices."""
+    from qatlab import parallel
+    w = rng.normal(0, 0.05, (101, 99)).astype(F32)
+    tq = ql.TernaryQuantizer()
+    y1, a1 = tq.forward(w).copy(), tq.alpha
+    calls = []
+    split_rows = parallel.split_rows
+    monkeypatch.setattr(parallel, "split_rows", lambda fn, n, k: calls.append(k) or split_rows(fn, n, k))
+    monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1000)
+    monkeypatch.setattr(parallel, "_cores", 2)
+    y2 = tq.forward(w)
+    assert calls == [2] and tq.alpha == a1 and np.array_equal(y1, y2)
+    alpha = np.float32(np.abs(w.astype(np.float64)).mean())
+    assert np.array_equal(y2, alpha * np.clip(np.rint(w * (F32(1) / alpha)), -1, 1))
+    w[3, 4] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        tq.forward(w)
+    assert tq.alpha == a1

@@ -290,17 +290,23 @@ def ternary_trits(w, inv_alpha, out):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def ternary_forward(w, out):
-    """Absmean ternary projection in one call: alpha = max(float32(mean|w|), eps),
-    out[i] = alpha * clamp(rint(w[i] * float32(1/alpha)), -1, 1); w, out float32 (n,). Returns alpha
-    (NaN if w holds NaN/inf, and then out is left unwritten)."""
+def ternary_alpha(w):
+    """Absmean scale alpha = max(float32(mean|w|), eps) of w float32 (n,); NaN if w holds NaN/inf."""
     alpha = np.float32(abs_mean(w))
     if not np.isfinite(alpha):
-        return np.nan
+        return np.float32(np.nan)
     eps = np.float32(1.1920928955078125e-07)
-    if alpha < eps:
-        alpha = eps
-    fq_forward(w, np.float32(1.0) / alpha, alpha, np.float32(0.0), np.float32(-1.0), np.float32(1.0), out)
+    return eps if alpha < eps else alpha
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def ternary_forward(w, out):
+    """Absmean ternary projection in one call: alpha = :func:`ternary_alpha` (w),
+    out[i] = alpha * clamp(rint(w[i] * float32(1/alpha)), -1, 1); w, out float32 (n,). Returns alpha
+    (NaN if w holds NaN/inf, and then out is left unwritten)."""
+    alpha = ternary_alpha(w)
+    if np.isfinite(alpha):
+        fq_forward(w, np.float32(1.0) / alpha, alpha, np.float32(0.0), np.float32(-1.0), np.float32(1.0), out)
     return alpha
 
 
