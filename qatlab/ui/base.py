@@ -185,7 +185,10 @@ class LiveView(pn.viewable.Viewer):
 def streaming_tick(pull, root) -> None:
     """One periodic tick: ``pull()`` with all its Bokeh events sent as one message, pushed to a
     notebook's ``root`` view when not in a server session; an exception is logged, never raised
-    (a bad tick must not kill the session's callback)."""
+    (a bad tick must not kill the session's callback). Skipped while the session's page is
+    gone (:func:`page_disconnected`)."""
+    if page_disconnected():
+        return
     try:
         with pn.io.hold():
             pull()
@@ -193,6 +196,16 @@ def streaming_tick(pull, root) -> None:
             pn.io.push_notebook(root)   # notebook: Bokeh model edits need an explicit push
     except Exception:
         log.exception("qatlab: streaming tick failed")
+
+
+def page_disconnected() -> bool:
+    """True in a server session that has no browser connection: its page was closed or reloaded
+    (or has not connected yet). Bokeh destroys such a session only 15-30 s later; ticking it
+    meanwhile pulls and renders for nobody, on the CPU the training runs need. A reconnecting
+    page resumes the ticks, and the first one catches up (the hub keeps each run's cursor)."""
+    ctx = getattr(pn.state.curdoc, "session_context", None)
+    session = getattr(ctx, "_session", None)   # bokeh ServerSession (None in notebooks)
+    return session is not None and session.connection_count == 0
 
 
 def in_server_session() -> bool:

@@ -358,3 +358,22 @@ def test_keep_alive_checkbox_applies_to_live_runs():
     assert dash.close(join_timeout=30) == [] and run.status == "running"
     run.stop()
     assert run.join(30)
+
+
+@pytest.mark.parametrize("connections, ticks", [(0, 0), (1, 1), (None, 1)])
+def test_streaming_tick_skips_a_server_session_whose_page_is_gone(connections, ticks):
+    """A server session with no browser connection (page closed or reloaded, not yet destroyed by
+    Bokeh) is not pulled for; one with a connection, or no server session (notebook), is."""
+    from types import SimpleNamespace
+
+    from bokeh.document import Document
+    from panel.io.state import set_curdoc
+    from qatlab.ui.base import page_disconnected, streaming_tick
+    doc = Document()
+    if connections is not None:
+        doc._session_context = lambda: SimpleNamespace(_session=SimpleNamespace(connection_count=connections))
+    pulls = []
+    with set_curdoc(doc):
+        assert page_disconnected() is (connections == 0)
+        streaming_tick(lambda: pulls.append(1), None)
+    assert len(pulls) == ticks
