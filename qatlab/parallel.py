@@ -82,8 +82,7 @@ def _in_mode(mode, fn, lo: int, hi: int) -> None:
 def elementwise(kernel, arrays, scalars, out=None) -> None:
     """``kernel(*arrays, *scalars, out)`` (or ``kernel(*arrays, *scalars)`` when ``out`` is None,
     for kernels that update ``arrays`` in place) over flat (n,) arrays of one length, split into
-    slices when n >= MIN_ELEMENTS. Bit-identical to one call (every
-    element is independent)."""
+    slices when n >= MIN_ELEMENTS. Bit-identical to one call (every element is independent)."""
     tail = () if out is None else (out,)
     n = (tail or arrays)[0].shape[0]
     parts = cores() if n >= MIN_ELEMENTS else 1

@@ -610,7 +610,8 @@ class TernaryQuantizer(param.Parameterized):
             alpha = K.ternary_alpha(wv)
             if math.isfinite(alpha):
                 f32 = np.float32
-                parallel.elementwise(K.fq_forward, (wv,), (f32(1.0) / alpha, alpha, f32(0.0), f32(-1.0), f32(1.0)), outv)
+                scalars = (f32(1.0) / alpha, alpha, f32(0.0), f32(-1.0), f32(1.0))
+                parallel.elementwise(K.fq_forward, (wv,), scalars, outv)
         if not math.isfinite(alpha):
             raise ValueError("w: contains NaN or inf; cannot compute the absmean scale")
         self.alpha = alpha
