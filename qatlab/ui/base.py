@@ -7,7 +7,8 @@ histograms, status text). Changing ``log_y`` or ``x_axis`` rebuilds the view's
 figures from the same sources (Bokeh cannot swap a live figure's scale type).
 
 Rebuilding figures pauses training (``training_paused``) for its fraction of a second, so the
-event loop has the GIL to itself meanwhile. The time-series figures' ranges are fitted on the
+event loop has the GIL to itself meanwhile; in a server session a view with ``rebuild_steps``
+(the STE comparison's seven figures) rebuilds one figure per event-loop turn. The time-series figures' ranges are fitted on the
 server once per tick (:meth:`LiveView.fit_ranges`).
 
 Per tick, all Bokeh events go to the browser as one message (``pn.io.hold``); status text
@@ -19,11 +20,14 @@ Notebook use: a view built without a hub owns one; displaying it starts its own
 """
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
 
 import panel as pn
 import param
+from panel.io.state import set_curdoc
 
 from ..train.experiment import training_paused
 from .ranges import RangeFitter
@@ -32,6 +36,7 @@ from .streaming import StreamHub
 log = logging.getLogger(__name__)
 
 PERIOD_MS = 100
+_DONE = object()
 TEXT_PERIOD = 0.5  # seconds between updates of status/progress text (each update re-lays out the page)
 
 
@@ -89,6 +94,7 @@ class LiveView(pn.viewable.Viewer):
         self._periodic = None
         self._root = None
         self._fitter = None
+        self._build_id = 0
         self.options.param.watch(self._on_layout_option, ["log_y", "x_axis"])
         if self._owns_hub:
             self.options.param.watch(lambda e: self.hub.set_smoothing(e.new), "smoothing")
@@ -148,24 +154,47 @@ class LiveView(pn.viewable.Viewer):
         self.request_rebuild()
 
     def request_rebuild(self) -> None:
-        """Rebuild now if the view is active, else when it next becomes active."""
-        if self._active:
-            self._stale = False
+        """Rebuild if the view is active, else when it next becomes active. Views with
+        ``rebuild_steps`` rebuild in pieces in a server session (:meth:`_rebuild_in_pieces`),
+        elsewhere at once."""
+        if not self._active:
+            self._stale = True
+            return
+        self._stale = False
+        self._build_id += 1
+        doc = pn.state.curdoc
+        if self.rebuild_steps is not None and in_server_session():
+            doc.add_next_tick_callback(functools.partial(self._rebuild_in_pieces, doc, self._build_id))
+        else:
             with training_paused():
                 self.rebuild()
-        else:
-            self._stale = True
+
+    async def _rebuild_in_pieces(self, doc, build_id: int) -> None:
+        """Run ``rebuild_steps()`` one piece (one figure) at a time, each with training paused,
+        yielding to the event loop in between: the server answers other requests and sessions
+        meanwhile instead of after the whole rebuild (eight sessions pressing Compare at once
+        held it for 5 s). A newer rebuild request abandons this one."""
+        pieces = self.rebuild_steps()
+        while build_id == self._build_id:
+            with set_curdoc(doc), training_paused():
+                if next(pieces, _DONE) is _DONE:
+                    return
+            await asyncio.sleep(0)
 
     def set_active(self, active: bool) -> None:
         """Mark the view shown/hidden; a pending rebuild runs when it is shown."""
         self._active = bool(active)
         if self._active and self._stale:
-            self._stale = False
-            with training_paused():
-                self.rebuild()
+            self.request_rebuild()
+
+    #: A generator method doing the rebuild in pieces (yield after each figure), or None.
+    rebuild_steps = None
 
     def rebuild(self) -> None:
-        """Recreate the figures (after a run, log_y or x_axis change)."""
+        """Recreate the figures (after a run, log_y or x_axis change): all of ``rebuild_steps()``
+        where the view has it; views without it override this."""
+        for _ in self.rebuild_steps() if self.rebuild_steps is not None else ():
+            pass
 
     @property
     def x_field(self) -> str:

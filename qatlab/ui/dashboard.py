@@ -142,7 +142,7 @@ class Dashboard(pn.viewable.Viewer):
                 self.config_panel.notify_error(str(exc))
                 return None
             self.tabs.active = 1
-            self.comparison = runs      # figures first, then the runs start (when the block ends)
+            self.comparison = runs      # figures first (in a server session: scheduled, built in pieces)
             self.status.runs = list(runs.values())
             for run in runs.values():
                 run.keep_alive = self.config_panel.keep_alive.value

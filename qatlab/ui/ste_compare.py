@@ -109,10 +109,12 @@ class SteCompareView(LiveView):
         else:
             self.rebuild()
 
-    def rebuild(self) -> None:
-        """(Re)create all figures for the current comparison and plot options."""
-        self.figures = {}
+    def rebuild_steps(self):
+        """(Re)create all figures for the current comparison and plot options, yielding after building
+        and after showing each figure (see :meth:`LiveView.request_rebuild`): the loss and accuracy
+        figures replace the shown ones first, then the small multiples appear one by one."""
         if not self.runs:
+            self.figures = {}
             self._plots.objects = []
             self.table.visible = False
             self.intro.object = INTRO
@@ -139,11 +141,19 @@ class SteCompareView(LiveView):
                          name=f"ste-accuracy-points-{rs.run.id}")
         F.finish(loss)
         F.finish(acc, location="bottom_right")
-        self.figures.update({"loss": loss, "accuracy": acc})
+        yield
 
         n_layers = n_layers_of(first.config)
         dash_key = " ".join(f"<span style='font-family:monospace'>{_DASH_TEXT[F.LAYER_DASHES[i % 5]]}</span> "
                             f"layer {i}" for i in range(n_layers))
+        legend = " ".join(f"<span style='color:{F.STE_COLORS.get(k, '#333')};font-weight:600'>&#9632; {k}</span>"
+                          for k in streams)
+        grid = pn.GridBox(ncols=2, sizing_mode="stretch_width")
+        self.figures = {"loss": loss, "accuracy": acc}
+        self._plots.objects = [pn.Row(bokeh_pane(loss), bokeh_pane(acc), sizing_mode="stretch_width"),
+                               pn.pane.HTML(f"<b>Small multiples</b> &nbsp; {legend} &nbsp;&nbsp; {dash_key}",
+                                            margin=(5, 10)), grid]
+        yield
         for metric, title, ylab, logy in SMALL:
             # one figure per metric (layers as dash styles), no legend: every figure and legend costs
             # the browser a repaint per streamed tick
@@ -155,13 +165,10 @@ class SteCompareView(LiveView):
                     y = f"{col}_s" if f"{col}_s" in rs.train.data else col
                     F.add_line(fig, rs.train, x, y, color=F.STE_COLORS.get(kind, "#333333"), width=1.5,
                                dash=F.LAYER_DASHES[i % len(F.LAYER_DASHES)], name=f"ste-{col}-{rs.run.id}")
-            self.figures[metric] = fig
-        legend = " ".join(f"<span style='color:{F.STE_COLORS.get(k, '#333')};font-weight:600'>&#9632; {k}</span>"
-                          for k in streams)
-        grid = pn.GridBox(*[bokeh_pane(self.figures[m]) for m, *_ in SMALL], ncols=2, sizing_mode="stretch_width")
-        self._plots.objects = [pn.Row(bokeh_pane(loss), bokeh_pane(acc), sizing_mode="stretch_width"),
-                               pn.pane.HTML(f"<b>Small multiples</b> &nbsp; {legend} &nbsp;&nbsp; {dash_key}",
-                                            margin=(5, 10)), grid]
+            yield
+            grid.append(bokeh_pane(fig))
+            self.figures = {**self.figures, metric: fig}
+            yield
         self._last_summary = None
         self.refresh(force=True)
 

@@ -377,3 +377,35 @@ def test_streaming_tick_skips_a_server_session_whose_page_is_gone(connections, t
         assert page_disconnected() is (connections == 0)
         streaming_tick(lambda: pulls.append(1), None)
     assert len(pulls) == ticks
+
+
+def test_ste_rebuild_runs_in_pieces_and_a_newer_request_abandons_an_older_one(monkeypatch):
+    """In a server session the STE view rebuilds one figure per event-loop turn (the loop answers
+    other sessions in between); the pieces give the same figures as a rebuild at once."""
+    import asyncio
+
+    from bokeh.document import Document
+    from panel.io.state import set_curdoc
+    from qatlab.ui import base
+    cfg = ql.ExperimentConfig()
+    cfg.optim.epochs = 1
+    runs = ql.start_ste_comparison(cfg, start=False)
+    view = SteCompareView()
+    view.runs = runs                                         # no server session: built at once
+    at_once = sorted(view.figures)
+    pieces = list(view.rebuild_steps())
+    assert len(pieces) >= 2 * len(at_once) - 2 and sorted(view.figures) == at_once
+
+    scheduled = []
+    doc = Document()
+    monkeypatch.setattr(doc, "add_next_tick_callback", scheduled.append)
+    monkeypatch.setattr(base, "in_server_session", lambda: True)
+    with set_curdoc(doc):
+        view.request_rebuild()
+        view.request_rebuild()                               # supersedes the first
+    assert len(scheduled) == 2
+    view.figures = {}
+    asyncio.run(scheduled[0]())                              # abandoned before its first piece
+    assert view.figures == {}
+    asyncio.run(scheduled[1]())
+    assert sorted(view.figures) == at_once
