@@ -183,3 +183,11 @@ def test_softmax_gradient_rows_sum_to_zero(B, C, seed):
     assert loss >= 0
     np.testing.assert_allclose(d.sum(axis=1), 0.0, atol=1e-6)
     assert (d[np.arange(B), labels] <= 0).all()
+
+
+def test_sign_counts_matches_numpy():
+    x = rand(10_001, seed=11)
+    x[::7] = 0.0
+    x[5] = np.nan
+    assert K.sign_counts(x) == (np.count_nonzero(x < 0), np.count_nonzero(x > 0))
+    assert K.sign_counts(np.zeros(0, np.float32)) == (0, 0)

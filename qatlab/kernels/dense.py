@@ -227,3 +227,15 @@ def scale_inplace(x, s):
     c = np.float32(s)
     for i in range(x.shape[0]):
         x[i] *= c
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def sign_counts(x):
+    """(count of x < 0, count of x > 0) over x float32 (n,) (NaN counts in neither); vectorised,
+    unlike np.count_nonzero on float arrays."""
+    neg = 0
+    pos = 0
+    for i in range(x.shape[0]):
+        neg += x[i] < _ZERO
+        pos += x[i] > _ZERO
+    return neg, pos

@@ -32,6 +32,9 @@ from numba import njit
 # fastmath flags that allow vectorisation but keep NaN/inf semantics intact; error_model="numpy"
 # drops the Python ZeroDivisionError check, which otherwise blocks vectorisation of `/`.
 _FAST = {"nsz", "arcp", "contract", "afn"}
+# ... and for float64 sums: reassociation lets LLVM vectorise them (the order is fixed by the
+# compiled code, so deterministic on one machine); NaN and inf still propagate.
+_SUMS = {"nsz", "contract", "reassoc"}
 
 
 # Rational minimax approximation of tanh in float32 (the form used by Eigen's fast
@@ -104,21 +107,17 @@ def fq_backward(x, g, ste, inv_s, zp, qmin, qmax, c, inv_h, out):
             out[i] = g[i] * a if a > 0 else np.float32(0.0)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_SUMS)
 def fq_noise_saturation(x, inv_s, s, zp, qmin, qmax):
     """(sum (x - fq(x))^2, count of clamped elements, sum x^2) over x float32 (n,); sums float64."""
     sq = 0.0
     sat = 0
     signal = 0.0
-    for i in range(x.shape[0]):
+    for i in range(x.shape[0]):   # branch-free, so that it vectorises
         v = np.rint(x[i] * inv_s) + zp
-        if v < qmin:
-            v = qmin
-            sat += 1
-        elif v > qmax:
-            v = qmax
-            sat += 1
-        d = np.float64(x[i]) - np.float64((v - zp) * s)
+        sat += (v < qmin) | (v > qmax)
+        c = qmin if v < qmin else (qmax if v > qmax else v)
+        d = np.float64(x[i]) - np.float64((c - zp) * s)
         sq += d * d
         signal += np.float64(x[i]) * np.float64(x[i])
     return sq, sat, signal
@@ -178,7 +177,7 @@ def fq_backward_pc(x, g, ste, inv_s, zp, qmin, qmax, c, inv_h, out):
                     out[o, ch, i] = gi * h if h > 0 else np.float32(0.0)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_SUMS)
 def fq_noise_saturation_pc(x, inv_s, s, zp, qmin, qmax):
     """Per-channel (sum of squared error, clamped count, sum x^2); x float32 (outer, C, inner)."""
     sq = 0.0

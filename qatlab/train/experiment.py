@@ -19,6 +19,7 @@ from .. import parallel
 from ..config import ExperimentConfig
 from ..data import Dataset, load_dataset
 from ..fpmode import subnormals_flushed
+from ..kernels.dense import sign_counts
 from ..metrics import MetricsLog
 from ..nn import Mlp, accuracy, cross_entropy_loss, mse_loss
 from ..optim import make_optimizer
@@ -140,7 +141,7 @@ def layer_row(mlp: Mlp, grads, scratch, i: int) -> dict:
         row[f"scale_{i}"] = q.alpha if isinstance(q, TernaryQuantizer) else float(np.mean(q.scale))
     used = scratch.weights_used(i)
     n = used.size
-    neg, pos = int(np.count_nonzero(used < 0)), int(np.count_nonzero(used > 0))
+    neg, pos = sign_counts(used.reshape(-1))
     row.update({f"frac_neg_{i}": neg / n, f"frac_zero_{i}": (n - neg - pos) / n, f"frac_pos_{i}": pos / n})
     return row
 
@@ -267,6 +268,6 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
 
 
 def _active_fraction(mlp: Mlp, grads) -> float:
-    """Share of latent weights whose gradient this step is non-zero."""
-    nonzero = sum(int(np.count_nonzero(grads.d_weights(i))) for i in range(mlp.num_layers))
+    """Share of latent weights whose gradient this step is non-zero (a NaN gradient counts as zero)."""
+    nonzero = sum(sum(sign_counts(grads.d_weights(i).reshape(-1))) for i in range(mlp.num_layers))
     return nonzero / sum(mlp.weights(i).size for i in range(mlp.num_layers))
