@@ -95,6 +95,8 @@ class LiveView(pn.viewable.Viewer):
         self._root = None
         self._fitter = None
         self._build_id = 0
+        self._building = False
+        self._after_build = []
         self.options.param.watch(self._on_layout_option, ["log_y", "x_axis"])
         if self._owns_hub:
             self.options.param.watch(lambda e: self.hub.set_smoothing(e.new), "smoothing")
@@ -164,6 +166,7 @@ class LiveView(pn.viewable.Viewer):
         self._build_id += 1
         doc = pn.state.curdoc
         if self.rebuild_steps is not None and in_server_session():
+            self._building = True
             doc.add_next_tick_callback(functools.partial(self._rebuild_in_pieces, doc, self._build_id))
         else:
             with training_paused():
@@ -175,11 +178,27 @@ class LiveView(pn.viewable.Viewer):
         meanwhile instead of after the whole rebuild (eight sessions pressing Compare at once
         held it for 5 s). A newer rebuild request abandons this one."""
         pieces = self.rebuild_steps()
-        while build_id == self._build_id:
-            with set_curdoc(doc), training_paused():
-                if next(pieces, _DONE) is _DONE:
-                    return
-            await asyncio.sleep(0)
+        try:
+            while build_id == self._build_id:
+                with set_curdoc(doc), training_paused():
+                    if next(pieces, _DONE) is _DONE:
+                        return
+                await asyncio.sleep(0)
+        finally:
+            if build_id == self._build_id:   # the latest build ended (done or failed)
+                self._building = False
+                callbacks, self._after_build = self._after_build, []
+                for callback in callbacks:
+                    callback()
+
+    def when_built(self, callback) -> None:
+        """Call ``callback()`` once the figures requested so far are shown: now, or when a rebuild
+        in pieces ends (the Dashboard starts a comparison's runs then, so that building figures
+        does not pause or slow the runs it is about to show)."""
+        if self._building:
+            self._after_build.append(callback)
+        else:
+            callback()
 
     def set_active(self, active: bool) -> None:
         """Mark the view shown/hidden; a pending rebuild runs when it is shown."""

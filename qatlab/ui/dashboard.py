@@ -142,11 +142,15 @@ class Dashboard(pn.viewable.Viewer):
                 self.config_panel.notify_error(str(exc))
                 return None
             self.tabs.active = 1
-            self.comparison = runs      # figures first (in a server session: scheduled, built in pieces)
+            self.comparison = runs      # builds the figures (in a server session: in pieces, later)
             self.status.runs = list(runs.values())
-            for run in runs.values():
-                run.keep_alive = self.config_panel.keep_alive.value
-                run.start()
+            keep_alive = self.config_panel.keep_alive.value
+
+            def start():                # the runs start once their figures are shown
+                for run in runs.values():
+                    run.keep_alive = keep_alive
+                    run.start()
+            self.ste.when_built(start)
             self.refresh(force=True)
             return runs
 

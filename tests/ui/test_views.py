@@ -404,8 +404,12 @@ def test_ste_rebuild_runs_in_pieces_and_a_newer_request_abandons_an_older_one(mo
         view.request_rebuild()
         view.request_rebuild()                               # supersedes the first
     assert len(scheduled) == 2
+    built = []
+    view.when_built(lambda: built.append(sorted(view.figures)))   # waits for the pending build
     view.figures = {}
     asyncio.run(scheduled[0]())                              # abandoned before its first piece
-    assert view.figures == {}
+    assert view.figures == {} and built == []
     asyncio.run(scheduled[1]())
-    assert sorted(view.figures) == at_once
+    assert sorted(view.figures) == at_once and built == [at_once]
+    view.when_built(lambda: built.append("now"))             # nothing pending: called at once
+    assert built[-1] == "now"
