@@ -151,7 +151,7 @@ class Dashboard(pn.viewable.Viewer):
                     run.keep_alive = keep_alive
                     run.start()
             self.ste.when_built(start)
-            self.refresh(force=True)
+            self.status.refresh(force=True)   # the STE view refreshes itself when its figures are built
             return runs
 
     def _active_runs(self) -> list[Run]:

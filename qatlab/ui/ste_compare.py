@@ -52,12 +52,10 @@ def summary_frame(runs: dict) -> pd.DataFrame:
                      "test_accuracy": acc, "test_loss": run.log.last("test_loss"),
                      "seconds": round(run.elapsed, 2), "steps_per_second": round(run.steps_per_second, 1),
                      "steps": run.steps_done, "run": run.id})
-    df = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if c != "rank"])
-    if len(df):
-        key = df["test_accuracy"].fillna(-math.inf)
-        df = df.assign(_k=-key).sort_values(["_k", "seconds"]).drop(columns="_k").reset_index(drop=True)
-    df.insert(0, "rank", range(1, len(df) + 1))
-    return df
+    rows.sort(key=lambda r: (-r["test_accuracy"] if math.isfinite(r["test_accuracy"]) else math.inf, r["seconds"]))
+    for rank, row in enumerate(rows, start=1):
+        row["rank"] = rank
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
 def _fmt(value, spec: str, scale: float = 1.0) -> str:
@@ -128,18 +126,22 @@ class SteCompareView(LiveView):
         x, xr, y_log = self.x_field, F.shared_x_range(), self.options.log_y
         streams = {str(getattr(k, "value", k)): self.hub.stream(r) for k, r in self.runs.items()}
         first = next(iter(self.runs.values()))
+        yield
 
         loss = F.line_figure("Train loss (EMA) per STE", "loss", name="fig-ste-loss", x_field=x, x_range=xr,
                              y_log=y_log, height=280)
+        for kind, rs in streams.items():
+            F.add_line(loss, rs.train, x, "loss_s", color=F.STE_COLORS.get(kind, "#333333"),
+                       name=f"ste-loss-{rs.run.id}", label=kind)
+        F.finish(loss)
+        yield
         acc = F.line_figure("Test accuracy per STE", "accuracy", name="fig-ste-accuracy", x_field=x, x_range=xr,
                             y_range=F.fraction_range(), height=280)
         for kind, rs in streams.items():
             color = F.STE_COLORS.get(kind, "#333333")
-            F.add_line(loss, rs.train, x, "loss_s", color=color, name=f"ste-loss-{rs.run.id}", label=kind)
             F.add_line(acc, rs.eval, x, "test_accuracy", color=color, name=f"ste-accuracy-{rs.run.id}", label=kind)
             F.add_points(acc, rs.eval, x, "test_accuracy", color=color, size=4,
                          name=f"ste-accuracy-points-{rs.run.id}")
-        F.finish(loss)
         F.finish(acc, location="bottom_right")
         yield
 

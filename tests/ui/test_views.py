@@ -413,3 +413,16 @@ def test_ste_rebuild_runs_in_pieces_and_a_newer_request_abandons_an_older_one(mo
     assert sorted(view.figures) == at_once and built == [at_once]
     view.when_built(lambda: built.append("now"))             # nothing pending: called at once
     assert built[-1] == "now"
+
+
+def test_summary_frame_ranks_by_accuracy_then_time_with_unknown_last():
+    from types import SimpleNamespace
+
+    def run(acc, seconds, rid):
+        log = SimpleNamespace(last=lambda col, default=math.nan: {"test_accuracy": acc, "test_loss": 0.5}[col])
+        return SimpleNamespace(log=log, status="running", elapsed=seconds, steps_per_second=10.0, steps_done=5,
+                               id=rid)
+    df = summary_frame({"tanh": run(0.9, 3.0, "a"), "identity": run(math.nan, 1.0, "b"),
+                        "hard_tanh": run(0.95, 9.0, "c"), "clipped_identity": run(0.9, 2.0, "d")})
+    assert list(df["run"]) == ["c", "d", "a", "b"] and list(df["rank"]) == [1, 2, 3, 4]
+    assert list(df.columns)[:3] == ["rank", "ste", "status"]
