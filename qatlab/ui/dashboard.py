@@ -5,12 +5,15 @@ one :class:`~qatlab.ui.base.PlotOptions`, and is the only place that creates run
 
 - ``Start``: ``Run(config, owner=<session id>, keep_alive=<checkbox>)`` shown in Overview,
   Quantization and Phases;
-- ``Compare STE kinds``: ``start_ste_comparison(config, owner=...)``, shown in the STE tab;
+- ``Compare STE kinds``: ``start_ste_comparison(config, owner=..., start=False)``, shown in the
+  STE tab; the four runs start once its figures are shown (in a server session they are built
+  one per event-loop turn, :meth:`~qatlab.ui.base.LiveView.request_rebuild`);
 - ``Stop`` / ``Pause`` / ``Resume``: the session's latest run or comparison.
 
 Streaming: one ``pn.state.add_periodic_callback(..., period=100)`` per session calls
 :meth:`Dashboard.pull`: the hub streams new rows of every shown run, the sidebar
-progress updates, and only the *visible* tab refreshes its tables/histograms.
+progress updates, and only the *visible* tab refreshes its tables/histograms. Ticks are
+skipped while the session's page has no connection (closed or reloaded, not yet destroyed).
 
 Cleanup: in a server session the dashboard registers ``pn.state.on_session_destroyed``;
 when the session goes, the periodic callback stops, and every run this session owns
