@@ -8,8 +8,8 @@ figures from the same sources (Bokeh cannot swap a live figure's scale type).
 
 Rebuilding figures pauses training (``training_paused``) for its fraction of a second, so the
 event loop has the GIL to itself meanwhile; in a server session a view with ``rebuild_steps``
-(the STE comparison's seven figures) rebuilds one figure per event-loop turn. The time-series figures' ranges are fitted on the
-server once per tick (:meth:`LiveView.fit_ranges`).
+(the STE comparison's seven figures) rebuilds one figure per event-loop turn. The time-series
+figures' ranges are fitted on the server once per tick (:meth:`LiveView.fit_ranges`).
 
 Per tick, all Bokeh events go to the browser as one message (``pn.io.hold``); status text
 is throttled to about 2 Hz (:class:`Throttle`).
@@ -36,8 +36,8 @@ from .streaming import StreamHub
 log = logging.getLogger(__name__)
 
 PERIOD_MS = 100
-_DONE = object()
 TEXT_PERIOD = 0.5  # seconds between updates of status/progress text (each update re-lays out the page)
+_DONE = object()   # sentinel: the rebuild generator is exhausted
 
 
 class Throttle:

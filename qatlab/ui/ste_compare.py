@@ -52,7 +52,8 @@ def summary_frame(runs: dict) -> pd.DataFrame:
                      "test_accuracy": acc, "test_loss": run.log.last("test_loss"),
                      "seconds": round(run.elapsed, 2), "steps_per_second": round(run.steps_per_second, 1),
                      "steps": run.steps_done, "run": run.id})
-    rows.sort(key=lambda r: (-r["test_accuracy"] if math.isfinite(r["test_accuracy"]) else math.inf, r["seconds"]))
+    rows.sort(key=lambda r: (-r["test_accuracy"] if math.isfinite(r["test_accuracy"]) else math.inf,
+                             r["seconds"]))
     for rank, row in enumerate(rows, start=1):
         row["rank"] = rank
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
