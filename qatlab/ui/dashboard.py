@@ -153,8 +153,9 @@ class Dashboard(pn.viewable.Viewer):
                 for run in runs.values():
                     run.keep_alive = keep_alive
                     run.start()
+                self.refresh(force=True)      # statuses "running" now, not after the next throttle period
+            self.status.refresh(force=True)
             self.ste.when_built(start)
-            self.status.refresh(force=True)   # the STE view refreshes itself when its figures are built
             return runs
 
     def _active_runs(self) -> list[Run]:

@@ -101,6 +101,8 @@ def test_compare_ste_kinds_shows_four_runs(dash):
     ids = sorted(k.removeprefix("loss-source-") for k in sources)
     lines = dash.model_names("ste-loss-")
     assert sorted(n.removeprefix("ste-loss-") for n in lines) == ids      # one overlaid line per kind
+    # the summary table catches up within its 1 s throttle: every kind shows a test accuracy
+    _wait_for(lambda: "–%" not in dash.text_of(".qatlab-ste-summary"), 10, "test accuracies in the summary table")
     mid = dash.status()
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     dash.page.screenshot(path=str(SCREENSHOT))          # curves drawn, usually still growing
@@ -146,6 +148,28 @@ def test_render_patch_skips_only_same_text_stylesheet_writes(dash):
       return {installed: window.qatlab_render_patch, kept, text: sheet.el.textContent};
     }""")
     assert out == {"installed": "installed", "kept": True, "text": ":host { color: blue; }"}
+
+
+def test_render_patch_keeps_streaming_lines_spatial_index_lazy(dash):
+    """qatlab.ui.render_patch: while rows stream in, the line glyphs' spatial indexes are not rebuilt
+    (their plots have no DataRange1d and nothing hit-tests them); reading ``index`` builds it."""
+    out = dash.page.evaluate("""() => {
+      const views = [], seen = new Set();
+      const visit = (v) => {
+        if (v == null || seen.has(v)) return;
+        seen.add(v);
+        if (v.glyph != null && v.model?.glyph?.type === "Line") views.push(v.glyph);
+        for (const c of (v.children ? v.children() : [])) visit(c);
+      };
+      for (const v of Object.values(Bokeh.index)) visit(v);
+      const stale = views.filter((g) => g._qatlab_index_stale).length;
+      const g = views.find((g) => g._qatlab_index_stale && g.data_size > 1);
+      const bb = g == null ? null : g.index.bbox;
+      const built = bb != null && Number.isFinite(bb.x0) && bb.x0 < bb.x1 && bb.y0 <= bb.y1;
+      return {lines: views.length, stale, built, after: g?._qatlab_index_stale};
+    }""")
+    assert out["lines"] > 20 and out["stale"] > out["lines"] // 2, out
+    assert out["built"] is True and out["after"] is False, out
 
 
 def test_page_stayed_clean_and_local(dash, app_server):
