@@ -17,7 +17,9 @@ on the same cores as the server; its rendering load is part of what is measured.
       timestamps. The page's runs are checked to have exactly the headless config. Rounds
       alternate; the goal uses the median of the per-round ratios (page / headless).
     * Updates per second: during each page round a 20 ms ``setInterval`` in the page polls the
-      length of each run's ``loss-source-<run id>`` in ``Bokeh.documents``; a change is one
+      length of each run's ``loss-source-<run id>`` in ``Bokeh.documents`` (it looks the sources
+      up among all models every 0.5 s, not on every poll, to keep its own CPU cost, which the
+      training shares, small); a change is one
       update the page has applied. Rate of a source = (changes - 1) / (last change - first
       change); the goal uses the slowest of the four sources (median over rounds). A page whose
       main thread is saturated applies fewer updates, and this measures that.
@@ -346,11 +348,17 @@ _JS_BODY_TEXT = "() => { " + _JS_TEXT_WALK + " walk(document.body); return parts
 _JS_POLL_START = """(prefix) => {
   window.__qatlab_poll && clearInterval(window.__qatlab_poll);
   const seen = {}, changes = {};
+  let sources = [], tick = 0;
   window.__qatlab_changes = changes;
   window.__qatlab_poll = setInterval(() => {
+    if (tick++ % 25 === 0) {   // find the sources every 0.5 s; read their lengths every 20 ms
+      sources = [];
+      for (const doc of Bokeh.documents) for (const m of doc.all_models) {
+        if (typeof m.name === 'string' && m.name.startsWith(prefix) && m.data != null) sources.push(m);
+      }
+    }
     const now = performance.now();
-    for (const doc of Bokeh.documents) for (const m of doc.all_models) {
-      if (typeof m.name !== 'string' || !m.name.startsWith(prefix) || m.data == null) continue;
+    for (const m of sources) {
       const cols = Object.keys(m.data);
       const n = cols.length ? m.data[cols[0]].length : 0;
       if (seen[m.name] !== n) {
