@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from qatlab.config import PredictionConfig
+from qatlab.kernels.dense import sum_squares
 from qatlab.kernels.phase_kernels import (all_finite, anchor_trend, compare_vectors, copy_sum_squares, fold_correction,
-                                         sum_squares, sum_squares_fast, weighted_rows)
+                                         weighted_rows)
 from qatlab.train.predictors import (LeastSquaresPredictor, MomentumPredictor, ParamLayout, make_predictor)
 
 F32 = np.float32
@@ -30,12 +31,6 @@ def test_all_finite_kernel(rng):
     assert all_finite(np.array([np.finfo(F32).max, -np.finfo(F32).max, 1e-45, -0.0], F32))
 
 
-@pytest.mark.parametrize("n", [0, 3, 8, 1003])
-def test_sum_squares_kernel(rng, n):
-    x = vec(rng, n)
-    assert sum_squares(x) == pytest.approx(np.sum(x.astype(np.float64) ** 2), rel=1e-12)
-
-
 def test_compare_vectors_kernel(rng):
     a, p = vec(rng), vec(rng)
     out = np.zeros(4)
@@ -45,10 +40,10 @@ def test_compare_vectors_kernel(rng):
 
 
 @pytest.mark.parametrize("n", [0, 3, 8, 1003])
-def test_sum_squares_fast_and_copy_kernels(rng, n):
+def test_sum_squares_and_copy_kernels(rng, n):
     x = vec(rng, n)
     ref = np.sum(x.astype(np.float64) ** 2)
-    assert sum_squares_fast(x) == pytest.approx(ref, rel=1e-12)
+    assert sum_squares(x) == pytest.approx(ref, rel=1e-12)
     dst = np.full(n, 7.0, F32)
     assert copy_sum_squares(x, dst) == pytest.approx(ref, rel=1e-12)
     np.testing.assert_array_equal(dst, x)
@@ -56,7 +51,7 @@ def test_sum_squares_fast_and_copy_kernels(rng, n):
         for bad in (np.nan, np.inf):
             y = x.copy()
             y[n // 2] = bad
-            assert not math.isfinite(copy_sum_squares(y, dst)) and not math.isfinite(sum_squares_fast(y))
+            assert not math.isfinite(copy_sum_squares(y, dst)) and not math.isfinite(sum_squares(y))
 
 
 @pytest.mark.parametrize("k,s", [(0.0, 0.0), (3.0, 0.0), (0.0, 0.7), (2.5, 0.7)])

@@ -2,7 +2,8 @@ r"""Numba kernels of phase training (:mod:`qatlab.train.phase` and its parts).
 
 All vectors are flat float32 (n,) unless stated; sums are accumulated in float64 and
 stored as float32. Nothing allocates; results go to ``out=`` buffers or are returned
-as scalars. No fastmath: the finiteness check must see NaN and inf.
+as scalars. The only fastmath flag used is reassociation of sums (NaN and inf still propagate:
+the finiteness checks must see them).
 
 Counter-based randomness (no generator state, so any element can be drawn on its own)::
 
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from .dense import sum_squares
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -68,32 +71,6 @@ def all_finite(x):
 
 
 @njit(**_OPTS)
-def sum_squares(x):
-    """sum(x^2) in float64, x float32 (n,): 8 partial sums (lanes i % 8) added pairwise.
-
-    (Fixed order, so deterministic; the lanes let the loop vectorise without fastmath.)
-    """
-    n = x.shape[0]
-    m = n - n % 8
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
-    for i in range(0, m, 8):
-        v0, v1, v2, v3 = np.float64(x[i]), np.float64(x[i + 1]), np.float64(x[i + 2]), np.float64(x[i + 3])
-        v4, v5, v6, v7 = np.float64(x[i + 4]), np.float64(x[i + 5]), np.float64(x[i + 6]), np.float64(x[i + 7])
-        s0 += v0 * v0
-        s1 += v1 * v1
-        s2 += v2 * v2
-        s3 += v3 * v3
-        s4 += v4 * v4
-        s5 += v5 * v5
-        s6 += v6 * v6
-        s7 += v7 * v7
-    for i in range(m, n):
-        v = np.float64(x[i])
-        s0 += v * v
-    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
-
-
-@njit(**_OPTS)
 def compare_vectors(actual, predicted, out):
     """out[:] = [a.p, a.a, p.p, (a-p).(a-p)] in float64; a, p float32 (n,), out float64 (4,)."""
     d = 0.0
@@ -115,21 +92,9 @@ def compare_vectors(actual, predicted, out):
 
 
 @njit(fastmath={"reassoc"}, **_OPTS)
-def sum_squares_fast(x):
-    """sum(x^2) in float64, x float32 (n,), with the additions free to be reassociated (the only
-    fastmath flag: NaN and inf still propagate, so a non-finite x gives a non-finite sum). The
-    order is fixed by the compiled code, so the result is deterministic on one machine; it may
-    differ from :func:`sum_squares` in the last bits. ~4x faster: the loop vectorises."""
-    s = 0.0
-    for i in range(x.shape[0]):
-        v = np.float64(x[i])
-        s += v * v
-    return s
-
-
-@njit(fastmath={"reassoc"}, **_OPTS)
 def copy_sum_squares(src, dst):
-    """dst[:] = src and return :func:`sum_squares_fast` (src) (inf or NaN iff src holds inf or NaN).
+    """dst[:] = src and return sum(src^2) in float64, additions reassociated as in
+    :func:`qatlab.kernels.dense.sum_squares` (inf or NaN iff src holds inf or NaN).
 
     src, dst float32 (n,): the copy, the finiteness check and the norm of a real gradient, in one
     loop (Numba's ``dst[:] = src`` alone took 4.9 us for 19k floats; this whole kernel 2.1 us).
@@ -159,7 +124,7 @@ def weighted_rows(rows, coeffs, out):
 @njit(**_OPTS)
 def anchor_trend(anchor, trend, k, corr, corr_scale, out):
     """out[j] = float32(anchor[j] + k * trend[j] + corr_scale * corr[j]) (float64 inside);
-    returns sum(out^2) in float64 (:func:`sum_squares_fast` of out).
+    returns sum(out^2) in float64 (:func:`qatlab.kernels.dense.sum_squares` of out).
 
     anchor, trend, corr, out float32 (n,); k, corr_scale float64. The trend is not read when
     k == 0 nor the correction when corr_scale == 0 (adding 0 changes nothing).
@@ -178,7 +143,7 @@ def anchor_trend(anchor, trend, k, corr, corr_scale, out):
     else:
         for j in range(n):      # a loop: Numba's slice copy ``out[:] = anchor`` is ~3x slower
             out[j] = anchor[j]
-    return sum_squares_fast(out)
+    return sum_squares(out)
 
 
 @njit(**_OPTS)

@@ -74,7 +74,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..config import PhaseConfig
-from ..kernels.phase_kernels import copy_sum_squares, sum_squares_fast
+from ..kernels.dense import sum_squares
+from ..kernels.phase_kernels import copy_sum_squares
 from .predictors import CorrectionResult, ParamLayout, make_predictor
 from .ternary_accumulator import TernaryGradientAccumulator
 from .vsa import VSAGradientCompressor
@@ -420,7 +421,7 @@ class PhaseTrainer:
             if k > 1:
                 np.multiply(self._real, np.float32(1.0 / k), out=self._real)
             if sumsq is None:
-                sumsq = sum_squares_fast(self._real)
+                sumsq = sum_squares(self._real)
             self._finish_real_gradient(sumsq)
 
     def _finish_real_gradient(self, sumsq: float) -> None:
@@ -430,7 +431,7 @@ class PhaseTrainer:
             self._predictor.predict(step, self._pred)
             self._note_correction(self._predictor.fold(self._real, self._pred, step))
         real = self._real     # becomes the anchor without a copy; the old anchor is the next staging buffer
-        self._real = self._predictor._adopt(real, step, block=not correct)
+        self._real = self._predictor.adopt(real, step, block=not correct)
         self._set_clip(real, sumsq)
         self._grad_ready = True
 

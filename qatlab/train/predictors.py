@@ -237,7 +237,7 @@ class GradientPredictor:
         if self.anchor_step >= 0 and step <= self.anchor_step:
             raise ValueError(f"step: must increase, got {step} after {self.anchor_step}")
 
-    def _adopt(self, grad: np.ndarray, step: int, block: bool) -> np.ndarray:
+    def adopt(self, grad: np.ndarray, step: int, block: bool) -> np.ndarray:
         """Like :meth:`push` but takes ``grad`` itself as the new anchor (no copy) and returns
         the previous anchor array for the caller to reuse."""
         self._check_step(step)
