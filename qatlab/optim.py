@@ -1,7 +1,7 @@
 r"""Optimizers (SGD, momentum, Adam/AdamW), learning-rate schedules and global-norm clipping.
 
 Optimizers update float32 parameters in place, one Numba kernel call per contiguous
-segment. Pass ``mlp.flat_params()`` (or ``mlp.parameters()``, whose views are merged back
+segment (split across the cores from ``qatlab.parallel.MIN_ELEMENTS`` elements, same bits). Pass ``mlp.flat_params()`` (or ``mlp.parameters()``, whose views are merged back
 into the one flat buffer) and step with ``grads.flat()``: the whole update is then ONE call.
 Parameters and gradients may also be lists of ``(name, array)`` pairs or of arrays (C-contiguous
 float32), in matching order.
@@ -85,14 +85,6 @@ def _adam_kernel(p, g, m, v, gscale, l2, decay, b1, b2, step_size, bc2_sqrt, eps
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def _run(kernel, arrays, scalars) -> None:
-    """``kernel(*arrays, *scalars)``; a big segment is split across the cores (same bits)."""
-    if arrays[0].shape[0] >= parallel.MIN_ELEMENTS:
-        parallel.elementwise(kernel, arrays, scalars)
-    else:
-        kernel(*arrays, *scalars)
-
-
 def _ptr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
@@ -282,10 +274,10 @@ class SGD(Optimizer):
     def _update(self, arrays, gscale, l2, decay, lr):
         if self.momentum > 0:
             p, g, buf = arrays
-            _run(_momentum_kernel, (p, g, buf), (gscale, l2, decay, lr, self.momentum))
+            parallel.elementwise(_momentum_kernel, (p, g, buf), (gscale, l2, decay, lr, self.momentum))
         else:
             p, g = arrays
-            _run(_sgd_kernel, (p, g), (gscale, l2, decay, lr))
+            parallel.elementwise(_sgd_kernel, (p, g), (gscale, l2, decay, lr))
 
 
 class Momentum(SGD):
@@ -312,8 +304,8 @@ class Adam(Optimizer):
     def _update(self, arrays, gscale, l2, decay, lr):
         p, g, m, v = arrays
         b1, b2 = self.betas
-        _run(_adam_kernel, (p, g, m, v), (gscale, l2, decay, b1, b2, lr / (1.0 - b1 ** self.t),
-                                           math.sqrt(1.0 - b2 ** self.t), self.eps))
+        scalars = (gscale, l2, decay, b1, b2, lr / (1.0 - b1 ** self.t), math.sqrt(1.0 - b2 ** self.t), self.eps)
+        parallel.elementwise(_adam_kernel, (p, g, m, v), scalars)
 
 
 def make_optimizer(cfg, params, steps_per_epoch: int) -> Optimizer:
