@@ -31,13 +31,18 @@ DAZ = 0x0040   # MXCSR bit 6: denormals are zero
 X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
+def _mxcsr_op(builder, name: str, slot) -> None:
+    """Call the LLVM intrinsic ``llvm.x86.sse.<name>`` (stmxcsr / ldmxcsr) on the i32 ``slot``."""
+    i8p = ir.IntType(8).as_pointer()
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p]), f"llvm.x86.sse.{name}")
+    builder.call(fn, [builder.bitcast(slot, i8p)])
+
+
 @intrinsic
 def _read_mxcsr(typingctx):
     def codegen(context, builder, signature, args):
         slot = cgutils.alloca_once(builder, ir.IntType(32))
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer()]),
-                                            "llvm.x86.sse.stmxcsr")
-        builder.call(fn, [builder.bitcast(slot, ir.IntType(8).as_pointer())])
+        _mxcsr_op(builder, "stmxcsr", slot)
         return builder.load(slot)
     return types.uint32(), codegen
 
@@ -47,9 +52,7 @@ def _write_mxcsr(typingctx, value):
     def codegen(context, builder, signature, args):
         slot = cgutils.alloca_once(builder, ir.IntType(32))
         builder.store(args[0], slot)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer()]),
-                                            "llvm.x86.sse.ldmxcsr")
-        builder.call(fn, [builder.bitcast(slot, ir.IntType(8).as_pointer())])
+        _mxcsr_op(builder, "ldmxcsr", slot)
         return context.get_dummy_value()
     return types.void(types.uint32), codegen
 

@@ -33,7 +33,7 @@ Stable Bokeh model names, for ``Bokeh.documents[0].get_model_by_name(name)`` in 
 
 Plumbing: :mod:`~qatlab.ui.streaming` (log rows -> sources), :mod:`~qatlab.ui.figures` (figure
 factories), :mod:`~qatlab.ui.ranges` (server-fitted axis ranges), :mod:`~qatlab.ui.render_patch`
-(a BokehJS repaint hot spot patched in the page), :mod:`~qatlab.ui.theme` (air-gapped template).
+(BokehJS repaint hot spots patched in the page), :mod:`~qatlab.ui.theme` (air-gapped template).
 
 Run ids are ``run-0001``, ``run-0002``, ... (``Run.id``). Tabs are ``Overview``,
 ``STE comparison``, ``Quantization``, ``Phases``, ``Runs``; a tab's figures are built and

@@ -38,7 +38,8 @@ from bokeh.models import CustomJS
 #: Sets ``window.qatlab_render_patch`` to "installed" or to what is unavailable (read by the browser test).
 PATCH_JS = """
 const missing = [];
-const proto = (module, name) => { try { return Bokeh.require(module)[name]?.prototype; } catch (e) { return null; } };
+const cls = (module, name) => { try { return Bokeh.require(module)[name] ?? null; } catch (e) { return null; } };
+const proto = (module, name) => cls(module, name)?.prototype;
 const sheet = proto("core/dom", "InlineStyleSheet");
 if (sheet == null || typeof sheet._update !== "function") {
   missing.push("stylesheet");
@@ -80,7 +81,7 @@ if (bbox == null) {
   renderer._qatlab_patched = true;
 }
 const ranges = proto("models/plots/range_manager", "RangeManager");
-const DataRange1d = (() => { try { return Bokeh.require("models/ranges/data_range1d").DataRange1d; } catch (e) { return null; } })();
+const DataRange1d = cls("models/ranges/data_range1d", "DataRange1d");
 if (ranges == null || DataRange1d == null || typeof ranges._update_dataranges !== "function") {
   missing.push("dataranges");
 } else if (!ranges._qatlab_patched) {
