@@ -21,3 +21,21 @@ def rng() -> np.random.Generator:
 def torch():
     """PyTorch, or skip the test cleanly when it is not installed."""
     return pytest.importorskip("torch")
+
+
+@pytest.fixture
+def force_split(monkeypatch):
+    """``force_split(cores, **thresholds)`` makes qatlab.parallel split small work over ``cores``
+    (thresholds such as ``MIN_ELEMENTS=1000`` or ``MIN_MACS=1`` patched for the test) and returns
+    the list that then records ``(n_rows, parts)`` of every split_rows call."""
+    from qatlab import parallel
+
+    def patch(cores: int, **thresholds) -> list:
+        calls = []
+        split_rows = parallel.split_rows
+        monkeypatch.setattr(parallel, "split_rows", lambda fn, n, p: calls.append((n, p)) or split_rows(fn, n, p))
+        monkeypatch.setattr(parallel, "_cores", cores)
+        for name, value in thresholds.items():
+            monkeypatch.setattr(parallel, name, value)
+        return calls
+    return patch

@@ -503,7 +503,7 @@ def test_training_step_does_not_allocate_arrays():
 
 
 @pytest.mark.parametrize("parts", [2, 3])
-def test_large_products_split_across_cores_match_one_thread(monkeypatch, parts):
+def test_large_products_split_across_cores_match_one_thread(force_split, parts):
     """Above parallel.MIN_MACS the dense products run as row blocks on several threads; the
     forward, the gradients and dL/dx agree with the one-thread products to float32 rounding."""
     from qatlab import parallel
@@ -512,11 +512,7 @@ def test_large_products_split_across_cores_match_one_thread(monkeypatch, parts):
     randomize_biases(mlp)
     x, labels, _ = data(70, seed=12, sizes=sizes)
     y1, loss1, g1, dx1 = step(mlp, x, "xent", labels, None)
-    splits = []
-    split_rows = parallel.split_rows
-    monkeypatch.setattr(parallel, "split_rows", lambda fn, n, p: splits.append((n, p)) or split_rows(fn, n, p))
-    monkeypatch.setattr(parallel, "MIN_MACS", 1)
-    monkeypatch.setattr(parallel, "_cores", parts)
+    splits = force_split(parts, MIN_MACS=1)
     y2, loss2, g2, dx2 = step(mlp, x, "xent", labels, None)
     # forward 70 rows x2 layers, dW0 (96 rows), dW1 (7 rows: too few to split), d_prev and dx (70 rows)
     assert (70, 2) in splits and (96, min(parts, 3)) in splits and all(n >= 64 for n, _ in splits)

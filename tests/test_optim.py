@@ -241,16 +241,11 @@ def test_state_of_parameters_with_zero_gradient_flushes_to_zero_not_subnormal(ma
 
 @pytest.mark.parametrize("make", [lambda p: Adam(p, lr=1e-2, weight_decay=0.1), lambda p: SGD(p, lr=1e-2),
                                   lambda p: Momentum(p, lr=1e-2, weight_decay=0.1)])
-def test_big_segments_split_across_cores_give_the_same_bits(monkeypatch, make):
+def test_big_segments_split_across_cores_give_the_same_bits(force_split, make):
     """Segments of >= parallel.MIN_ELEMENTS are updated in slices on the pool: same bits as one call."""
-    from qatlab import parallel
     p0, grads = problem(n=10_007, steps=3)
     one = run(make(p := p0.copy()), p, grads)
-    calls = []
-    split_rows = parallel.split_rows
-    monkeypatch.setattr(parallel, "split_rows", lambda fn, n, k: calls.append((n, k)) or split_rows(fn, n, k))
-    monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1000)
-    monkeypatch.setattr(parallel, "_cores", 3)
+    calls = force_split(3, MIN_ELEMENTS=1000)
     split = run(make(p := p0.copy()), p, grads)
     assert calls == [(10_007, 3)] * 3                   # the split path really ran, once per step
     assert np.array_equal(one, split)

@@ -836,20 +836,15 @@ def test_calibrate_follows_the_current_axis(rng, first, then):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("parts", [2, 3])
-def test_split_across_cores_is_bit_identical(rng, monkeypatch, kind, parts):
+def test_split_across_cores_is_bit_identical(rng, force_split, kind, parts):
     """Large tensors are split across threads; the result is the same as one thread, bit for bit."""
-    from qatlab import parallel
     fq = make(8, True, False, 0.02, 0, ste=kind)
     x = rng.normal(0, 1.5, 10_007).astype(F32)        # odd size: unequal slices, some clamped values
     g = rng.uniform(-1, 1, x.size).astype(F32)
     y1, dx1 = fq.forward(x), fq.backward(g, x)          # below the threshold: one thread
-    calls = []
-    split_rows = parallel.split_rows
-    monkeypatch.setattr(parallel, "split_rows", lambda fn, n, p: calls.append(p) or split_rows(fn, n, p))
-    monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1000)
-    monkeypatch.setattr(parallel, "_cores", parts)
+    calls = force_split(parts, MIN_ELEMENTS=1000)
     y2, dx2 = fq.forward(x), fq.backward(g, x)
-    assert calls == [parts, parts]                      # the split path really ran
+    assert [p for _, p in calls] == [parts, parts]      # the split path really ran
     assert np.array_equal(y1, y2) and np.array_equal(dx1, dx2)
     qmin, qmax = fq.quant_range()
     assert np.array_equal(y2, ref.fq_forward(x, 0.02, 0, qmin, qmax))
@@ -858,19 +853,14 @@ def test_split_across_cores_is_bit_identical(rng, monkeypatch, kind, parts):
     assert np.array_equal(inplace, y1)
 
 
-def test_ternary_projection_of_a_big_tensor_is_split_with_the_same_bits(rng, monkeypatch):
+def test_ternary_projection_of_a_big_tensor_is_split_with_the_same_bits(rng, force_split):
     """A ternary weight of >= parallel.MIN_ELEMENTS: alpha on one thread, the projection in slices."""
-    from qatlab import parallel
     w = rng.normal(0, 0.05, (101, 99)).astype(F32)
     tq = ql.TernaryQuantizer()
     y1, a1 = tq.forward(w).copy(), tq.alpha
-    calls = []
-    split_rows = parallel.split_rows
-    monkeypatch.setattr(parallel, "split_rows", lambda fn, n, k: calls.append(k) or split_rows(fn, n, k))
-    monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1000)
-    monkeypatch.setattr(parallel, "_cores", 2)
+    calls = force_split(2, MIN_ELEMENTS=1000)
     y2 = tq.forward(w)
-    assert calls == [2] and tq.alpha == a1 and np.array_equal(y1, y2)
+    assert [p for _, p in calls] == [2] and tq.alpha == a1 and np.array_equal(y1, y2)
     alpha = np.float32(np.abs(w.astype(np.float64)).mean())
     assert np.array_equal(y2, alpha * np.clip(np.rint(w * (F32(1) / alpha)), -1, 1))
     w[3, 4] = np.nan

@@ -406,25 +406,16 @@ def test_training_paused_stops_steps_until_the_block_ends_and_nests():
 
     run = ql.Run(tiny("ternary", epochs=400)).start()
     try:
-        assert _wait_until(lambda: run.steps_done > 0)
+        wait_for(lambda: run.steps_done > 0, timeout=10.0, what="a first step")
         with experiment.training_paused():
             with experiment.training_paused():          # re-entrant: no deadlock
                 time.sleep(0.05)                        # a step in progress may finish...
                 held = run.steps_done
                 time.sleep(0.3)
                 assert run.steps_done == held           # ...but no new one starts
-        assert _wait_until(lambda: run.steps_done > held)   # released: training goes on
+        wait_for(lambda: run.steps_done > held, timeout=10.0, what="steps after the pause")   # released
     finally:
         run.stop()
         assert run.join(30)
     assert experiment.STEP_SLOTS.acquire(blocking=False)   # every slot was given back
     experiment.STEP_SLOTS.release()
-
-
-def _wait_until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
