@@ -8,7 +8,7 @@ figures from the same sources (Bokeh cannot swap a live figure's scale type).
 
 Rebuilding figures pauses training (``training_paused``) for its fraction of a second, so the
 event loop has the GIL to itself meanwhile; in a server session a view with ``rebuild_steps``
-(the STE comparison's seven figures) rebuilds one figure per event-loop turn. The time-series
+(the STE comparison's six figures) rebuilds one figure per event-loop turn. The time-series
 figures' ranges are fitted on the server once per tick (:meth:`LiveView.fit_ranges`).
 
 Per tick, all Bokeh events go to the browser as one message (``pn.io.hold``); status text
@@ -23,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
+import weakref
 
 import panel as pn
 import param
@@ -38,6 +40,24 @@ log = logging.getLogger(__name__)
 PERIOD_MS = 100
 TEXT_PERIOD = 0.5  # seconds between updates of status/progress text (each update re-lays out the page)
 _DONE = object()   # sentinel: the rebuild generator is exhausted
+MAX_PIECE_REST = 0.25   # seconds: the longest rest after one rebuild piece (see _rebuild_in_pieces)
+
+
+_turns: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = weakref.WeakKeyDictionary()
+
+
+def _build_turn() -> asyncio.Lock:
+    """The running event loop's lock that rebuild pieces take turns on (FIFO).
+
+    Every session of a server shares its event loop. Without the turn, eight sessions
+    rebuilding at once each ran a piece in every loop turn, and a plain HTTP request, which
+    needs several loop turns, waited behind eight pieces per turn (2.1-2.9 s, measured).
+    """
+    loop = asyncio.get_running_loop()
+    lock = _turns.get(loop)
+    if lock is None:
+        lock = _turns[loop] = asyncio.Lock()
+    return lock
 
 
 class Throttle:
@@ -176,13 +196,23 @@ class LiveView(pn.viewable.Viewer):
         """Run ``rebuild_steps()`` one piece (one figure) at a time, each with training paused,
         yielding to the event loop in between: the server answers other requests and sessions
         meanwhile instead of after the whole rebuild (eight sessions pressing Compare at once
-        held it for 5 s). A newer rebuild request abandons this one."""
+        held it for 5 s). The pieces of all sessions take turns (:func:`_build_turn`), so one
+        event-loop turn runs one piece, not one per rebuilding session. A newer rebuild request
+        abandons this one."""
         pieces = self.rebuild_steps()
+        turn = _build_turn()
         try:
             while build_id == self._build_id:
-                with set_curdoc(doc), training_paused():
-                    if next(pieces, _DONE) is _DONE:
+                async with turn:
+                    if build_id != self._build_id:
                         return
+                    start = time.perf_counter()
+                    with set_curdoc(doc), training_paused():
+                        if next(pieces, _DONE) is _DONE:
+                            return
+                    # rest as long as the piece took, still holding the turn: pieces fill at most
+                    # half of the loop's time, and requests get the other half
+                    await asyncio.sleep(min(time.perf_counter() - start, MAX_PIECE_REST))
                 await asyncio.sleep(0)
         finally:
             if build_id == self._build_id:   # the latest build ended (done or failed)
@@ -230,13 +260,58 @@ class LiveView(pn.viewable.Viewer):
         return self._root
 
 
+class TickGovernor:
+    """Sheds streaming ticks when the ticks of all sessions together fill more than ``limit`` of
+    the event loop's time.
+
+    busy = the seconds spent in ticks, decayed exponentially with time constant ``window`` s, per
+    ``window`` s (r ticks/s of d s each give busy = r d). While busy < ``limit`` every tick runs
+    (one page streaming four runs at 10 Hz keeps it near 0.05). Above it a session ticks only
+    once its previous tick is ``max_gap`` s old, so its page refreshes at 1 / max_gap Hz at least
+    and the loop keeps time for requests, clicks and figure building. Measured with eight
+    sessions comparing STE kinds at once, browsers on the same two cores: the server's
+    answers to a static file took up to 2.1-3.1 s without this.
+    """
+
+    def __init__(self, limit: float = 0.5, max_gap: float = 0.5, window: float = 1.0, clock=time.perf_counter):
+        self.limit, self.max_gap, self.window, self.clock = limit, max_gap, window, clock
+        self._busy = 0.0                        # decayed tick seconds, as of self._at
+        self._at = clock()
+        self._last = weakref.WeakKeyDictionary()   # session's view -> end of its last tick
+
+    def busy(self, now: float | None = None) -> float:
+        """Share of the loop's recent time spent in ticks (see class doc)."""
+        now = self.clock() if now is None else now
+        return self._busy * math.exp(-(now - self._at) / self.window) / self.window
+
+    def admit(self, key) -> bool:
+        """Whether the session ``key`` (a weak-referenceable object) may tick now."""
+        now = self.clock()
+        if self.busy(now) < self.limit:
+            return True
+        last = self._last.get(key)
+        return last is None or now - last >= self.max_gap
+
+    def record(self, key, start: float, end: float) -> None:
+        """A tick of ``key`` ran from ``start`` to ``end`` (clock seconds)."""
+        self._busy = self._busy * math.exp(-(end - self._at) / self.window) + (end - start)
+        self._at = end
+        self._last[key] = end
+
+
+#: The process's governor: every session's ticks run on the server's one event loop.
+TICKS = TickGovernor()
+
+
 def streaming_tick(pull, root) -> None:
     """One periodic tick: ``pull()`` with all its Bokeh events sent as one message, pushed to a
     notebook's ``root`` view when not in a server session; an exception is logged, never raised
     (a bad tick must not kill the session's callback). Skipped while the session's page is
-    gone (:func:`page_disconnected`)."""
-    if page_disconnected():
+    gone (:func:`page_disconnected`) and when :data:`TICKS` sheds it."""
+    key = getattr(pull, "__self__", pull)
+    if page_disconnected() or not TICKS.admit(key):
         return
+    start = TICKS.clock()
     try:
         with pn.io.hold():
             pull()
@@ -244,6 +319,8 @@ def streaming_tick(pull, root) -> None:
             pn.io.push_notebook(root)   # notebook: Bokeh model edits need an explicit push
     except Exception:
         log.exception("qatlab: streaming tick failed")
+    finally:
+        TICKS.record(key, start, TICKS.clock())
 
 
 def page_disconnected() -> bool:

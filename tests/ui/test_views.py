@@ -426,3 +426,48 @@ def test_summary_frame_ranks_by_accuracy_then_time_with_unknown_last():
                         "hard_tanh": run(0.95, 9.0, "c"), "clipped_identity": run(0.9, 2.0, "d")})
     assert list(df["run"]) == ["c", "d", "a", "b"] and list(df["rank"]) == [1, 2, 3, 4]
     assert list(df.columns)[:3] == ["rank", "ste", "status"]
+
+
+def test_tick_governor_sheds_ticks_only_when_ticks_fill_the_loop():
+    """Under the busy limit every session ticks; over it a session ticks only once its last tick is
+    max_gap old; busy decays with time (r ticks/s of d s each -> busy = r d)."""
+    from qatlab.ui.base import TickGovernor
+
+    class Key:
+        pass
+    now = [100.0]
+    gov = TickGovernor(limit=0.5, max_gap=0.5, window=1.0, clock=lambda: now[0])
+    a, b = Key(), Key()
+    for _ in range(10):                       # 10 Hz ticks of 5 ms: busy ~0.05, all admitted
+        assert gov.admit(a)
+        gov.record(a, now[0], now[0] + 0.005)
+        now[0] += 0.1
+    assert 0.02 < gov.busy() < 0.06
+    gov.record(b, now[0], now[0] + 0.8)       # one 0.8 s tick: over the limit
+    now[0] += 0.8
+    assert gov.busy() > 0.5
+    assert not gov.admit(b)                   # b ticked just now
+    assert gov.admit(Key())                   # a session that never ticked is not starved
+    now[0] += 0.3
+    assert gov.busy() > 0.5 and gov.admit(a)   # a's last tick is more than max_gap old
+    now[0] += 0.3                             # b's gap reaches max_gap
+    assert gov.admit(b)
+    now[0] += 2.0                             # the load decays away
+    assert gov.busy() < 0.5 and gov.admit(b)
+
+
+def test_streaming_tick_records_its_duration_with_the_governor(monkeypatch):
+    from qatlab.ui import base
+    now = [0.0]
+    gov = base.TickGovernor(clock=lambda: now[0])
+    monkeypatch.setattr(base, "TICKS", gov)
+
+    def slow_pull():
+        now[0] += 0.9                          # a tick that takes 0.9 s
+    base.streaming_tick(slow_pull, None)
+    assert gov.busy() > 0.5
+    base.streaming_tick(slow_pull, None)      # the same session right away: shed
+    assert now[0] == 0.9
+    now[0] += 0.6
+    base.streaming_tick(slow_pull, None)      # more than max_gap later: runs
+    assert now[0] == pytest.approx(2.4)
