@@ -11,8 +11,9 @@ Views (each displays inline in a notebook and has ``pull()`` = one streaming tic
 
 Stable Bokeh model names, for ``Bokeh.documents[0].get_model_by_name(name)`` in a browser:
 
-- sources (one set per shown run and session): ``loss-source-<run id>`` (training rows:
-  ``step``, ``time``, ``loss``, ``loss_s`` (EMA), per-layer metrics, ...),
+- sources (one set per shown run and session): ``loss-source-<run id>`` (training rows, loss only:
+  ``step``, ``time``, ``loss``, ``loss_s`` (EMA), streamed every tick), ``train-source-<run id>``
+  (training rows, every metric: ``loss``, per-layer metrics, phase columns, ...; every second tick),
   ``eval-source-<run id>`` (epoch rows: ``test_loss``, ``test_accuracy``, ...),
   ``phase-source-<run id>`` (phase segments); histogram sources ``hist-latent-layer<i>`` and
   ``hist-quant-layer<i>`` (see :mod:`qatlab.ui.streaming` for the columns);

@@ -210,7 +210,7 @@ class Dashboard(pn.viewable.Viewer):
         Runs of hidden tabs keep their cursor and catch up when their tab is opened.
         """
         view = self.views[self.tabs.active]
-        self.hub.pull({r.id for r in view.shown_runs()})
+        self.hub.pull({r.id for r in view.shown_runs()}, every_metric=self.hub.tick_is_full())
         self.refresh()
         view.fit_ranges()
 

@@ -1,6 +1,6 @@
 """Phases tab: what phase training did, for one run with ``config.phase.enabled``.
 
-Figures (x linked), from the run's ``loss-source-<run id>`` / ``phase-source-<run id>``:
+Figures (x linked), from the run's ``train-source-<run id>`` / ``phase-source-<run id>``:
 
 - ``fig-phase-timeline``: phase bands ``phase-timeline-bands-<run id>-<PHASE>`` and the phase
   code as a step line ``phase-code-<run id>`` (0 WARMUP, 1 FULL, 2 PREDICT, 3 CORRECT);

@@ -5,7 +5,7 @@ about twice a second); they are recomputed only when a new snapshot appears.
 Sources ``hist-latent-layer<i>`` / ``hist-quant-layer<i>`` (columns left, right,
 count) feed figures ``fig-hist-latent-<i>`` / ``fig-hist-quant-<i>``.
 
-Time series from the run's ``loss-source-<run id>`` (x linked), one line per layer
+Time series from the run's ``train-source-<run id>`` (x linked), one line per layer
 (dash style = layer):
 
 - ``fig-quant-fractions``: ``frac-neg-<i>-<run id>``, ``frac-zero-<i>-...``, ``frac-pos-<i>-...``;

@@ -142,9 +142,9 @@ class RunView(LiveView):
                              y_log=y_log, height=300)
         if phased:
             F.add_phase_bands(loss, rs.phases, x, name=f"phase-bands-{rid}")
-        F.add_line(loss, rs.train, x, "loss", color="#1f77b4", alpha=0.25, width=1, name=f"loss-raw-{rid}",
+        F.add_line(loss, rs.loss, x, "loss", color="#1f77b4", alpha=0.25, width=1, name=f"loss-raw-{rid}",
                    label="train (raw)")
-        ema = F.add_line(loss, rs.train, x, "loss_s", color="#1f77b4", name=f"loss-{rid}", label="train (EMA)")
+        ema = F.add_line(loss, rs.loss, x, "loss_s", color="#1f77b4", name=f"loss-{rid}", label="train (EMA)")
         F.add_line(loss, rs.eval, x, "test_loss", color="#d62728", name=f"test-loss-{rid}", label="test")
         F.add_points(loss, rs.eval, x, "test_loss", color="#d62728", name=f"test-loss-points-{rid}")
         F.add_hover(loss, ema, [("step", "@step"), ("loss", "@loss{0.0000}"), ("EMA", "@loss_s{0.0000}")])

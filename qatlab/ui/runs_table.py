@@ -173,7 +173,7 @@ class RunsTable(LiveView):
             rs = self.hub.stream(run)
             color = F.run_color(i)
             label = f"{run.name} ({run.config.quant.weights}, {run.config.quant.ste})"
-            F.add_line(loss, rs.train, x, "loss_s", color=color, name=f"runs-loss-{run.id}", label=label)
+            F.add_line(loss, rs.loss, x, "loss_s", color=color, name=f"runs-loss-{run.id}", label=label)
             F.add_line(acc, rs.eval, x, "test_accuracy", color=color, name=f"runs-accuracy-{run.id}", label=label)
         F.finish(loss)
         F.finish(acc, location="bottom_right")

@@ -132,7 +132,7 @@ class SteCompareView(LiveView):
         loss = F.line_figure("Train loss (EMA) per STE", "loss", name="fig-ste-loss", x_field=x, x_range=xr,
                              y_log=y_log, height=280)
         for kind, rs in streams.items():
-            F.add_line(loss, rs.train, x, "loss_s", color=F.STE_COLORS.get(kind, "#333333"),
+            F.add_line(loss, rs.loss, x, "loss_s", color=F.STE_COLORS.get(kind, "#333333"),
                        name=f"ste-loss-{rs.run.id}", label=kind)
         F.finish(loss)
         yield

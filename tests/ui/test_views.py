@@ -92,17 +92,46 @@ def test_stream_pull_grows_sources_and_splits_eval_rows():
     run = ql.Run(small_config())
     hub = StreamHub(smoothing=0.0)
     rs = hub.stream(run)
-    assert rs.train.name == f"loss-source-{run.id}" and rs.eval.name == f"eval-source-{run.id}"
+    assert rs.loss.name == f"loss-source-{run.id}" and rs.train.name == f"train-source-{run.id}"
+    assert rs.eval.name == f"eval-source-{run.id}"
     assert set(train_columns(run.config)) <= set(rs.train.data)
     feed(run, 1, 30)
     assert hub.pull() == 33
     assert len(rs.train.data["loss"]) == 30
+    np.testing.assert_array_equal(rs.loss.data["loss"], rs.train.data["loss"])
     assert len(rs.eval.data["test_loss"]) == 3
     np.testing.assert_allclose(rs.train.data["loss_s"], rs.train.data["loss"])  # smoothing 0 = raw
     assert hub.pull() == 0  # nothing new: nothing streamed
     feed(run, 31, 5)
     hub.pull()
     assert len(rs.train.data["loss"]) == 35 and rs.train.data["step"][-1] == 35
+
+
+def test_loss_streams_every_tick_and_every_metric_every_second_tick():
+    """The periodic tick streams loss rows at once; the training rows wait for the next full tick
+    (DETAIL_EVERY = 2) and then arrive all together, phase segments included."""
+    from qatlab.ui.streaming import DETAIL_EVERY
+    assert DETAIL_EVERY == 2
+    run = ql.Run(small_config(phase=True))
+    hub = StreamHub()
+    rs = hub.stream(run)
+    ticks = []
+    for start in (1, 6, 11):
+        for s in range(start, start + 5):
+            run.log.append({"step": s, "time": 0.1 * s, "loss": 1.0 / s, "phase": 1 + (s > 7)})
+        full = hub.tick_is_full()
+        hub.pull(every_metric=full)
+        ticks.append((full, len(rs.loss.data["k"]), len(rs.train.data["k"]), len(rs.phases.data["left"])))
+    assert ticks == [(True, 5, 5, 1), (False, 10, 5, 1), (True, 15, 15, 2)]
+    np.testing.assert_array_equal(rs.train.data["k"], np.arange(15))
+    np.testing.assert_array_equal(rs.loss.data["loss_s"], rs.train.data["loss_s"])
+    from types import SimpleNamespace
+    rs.run = SimpleNamespace(done=True, log=run.log, config=run.config, id=run.id)   # the run ends
+    run.log.append({"step": 16, "time": 1.6, "loss": 0.1, "phase": 2})
+    hub.pull(every_metric=False)
+    assert not rs.exhausted                  # its last training row still waits
+    hub.pull()
+    assert rs.exhausted and len(rs.train.data["k"]) == 16
 
 
 def test_stream_decimates_long_histories():
