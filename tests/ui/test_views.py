@@ -500,3 +500,20 @@ def test_streaming_tick_records_its_duration_with_the_governor(monkeypatch):
     now[0] += 0.6
     base.streaming_tick(slow_pull, None)      # more than max_gap later: runs
     assert now[0] == pytest.approx(2.4)
+
+
+def test_small_stream_batches_serialize_inline_as_gzip_base64_float64():
+    """Bokeh encodes an InlineArray as its inline ndarray form (base64 of a gzip stream, what BokehJS
+    decodes); string columns stay lists; batches over INLINE_ROWS stay numpy arrays (binary frames)."""
+    import base64
+    import gzip
+
+    from bokeh.core.serialization import Serializer
+    from qatlab.ui.streaming import INLINE_ROWS, InlineArray, _payload
+    payload = _payload({"x": np.array([1.0, np.nan, 3.0], np.float32), "label": ["a", "b", "c"]})
+    assert type(payload["x"]) is InlineArray and payload["label"] == ["a", "b", "c"]
+    rep = Serializer().encode(payload["x"])
+    assert rep["type"] == "ndarray" and rep["dtype"] == "float64" and rep["shape"] == [3]
+    back = np.frombuffer(gzip.decompress(base64.b64decode(rep["array"]["data"])), dtype=np.float64)
+    np.testing.assert_array_equal(back, [1.0, np.nan, 3.0])
+    assert type(_payload({"x": np.zeros(INLINE_ROWS + 1)})["x"]) is np.ndarray
