@@ -57,10 +57,6 @@ from .figures import PHASE_COLORS, PHASE_NAMES
 DISPLAY_CAP = 2000
 #: The training sources (every metric) are streamed on every DETAIL_EVERY-th tick, the loss sources on every tick.
 DETAIL_EVERY = 2
-#: Batches up to this many rows are streamed inline in the JSON message (:class:`InlineArray`)
-#: instead of as numpy arrays, which Bokeh sends as one binary websocket frame pair *per column*:
-#: ~260 frames per tick for four runs, measured to dominate the browser's work.
-INLINE_ROWS = 256
 EVAL_CAP = 10_000
 PHASE_CAP = 5000
 
@@ -74,37 +70,40 @@ EVAL_COLUMNS = ("step", "epoch", "time", "test_loss", "test_accuracy", "train_ac
 SMOOTHED = ("loss", "grad_norm_", "noise_mse_", "sqnr_db_", "active_grad_fraction", "pred_error")
 
 
-class InlineArray(np.ndarray):
-    """A float64 column that Bokeh serializes base64-encoded inside the JSON message.
+class InlineList(list):
+    """One streamed column batch (numbers) that Bokeh serializes as a single float64 array,
+    base64-encoded inside the JSON message (an encoder registered with Bokeh's Serializer for this
+    type only; the browser decodes it to a Float64Array).
 
-    Plain lists cost the server one Python call per number (Bokeh encodes them element by
-    element: ~1400 calls a tick with four runs, the largest part of the tick in a profile);
-    numpy arrays cost the browser a binary frame pair per column. The encoder is registered
-    with Bokeh's Serializer for this type only; the browser decodes it to a Float64Array.
+    Why not the alternatives: a plain list costs the server one Python call per number (Bokeh
+    encodes it element by element: ~1400 calls a tick with four runs, the largest part of the
+    tick in a profile); a numpy array costs the browser a binary frame pair per column, and the
+    server a copy of the whole column (``np.append``) on every stream. A list subclass is
+    extended in place in the source's list column.
     """
 
 
-def _encode_inline(array: InlineArray, serializer) -> dict:
+def _encode_inline(values: InlineList, serializer) -> dict:
     """Bokeh's inline ndarray form: base64 of the gzip stream (BokehJS expects gzip; level 0, the
     stored form, takes 2.4 us for ten rows against 5.9 us compressed)."""
-    data = np.ascontiguousarray(array, dtype=np.float64)
+    data = np.asarray(values, dtype=np.float64)
     packed = base64.b64encode(gzip.compress(data.tobytes(), compresslevel=0, mtime=1)).decode("ascii")
     return {"type": "ndarray", "array": {"type": "bytes", "data": packed}, "shape": list(data.shape),
             "dtype": "float64", "order": sys.byteorder}
 
 
-if InlineArray not in Serializer._encoders:   # a module reload must not register it twice
-    Serializer.register(InlineArray, _encode_inline)
+if InlineList not in Serializer._encoders:   # a module reload must not register it twice
+    Serializer.register(InlineList, _encode_inline)
 
 
 def _payload(columns: dict) -> dict:
-    """Stream payload: small batches inline (:class:`InlineArray`; string columns as lists), large
-    ones as numpy arrays (binary frames)."""
-    n = len(next(iter(columns.values()))) if columns else 0
-    if n > INLINE_ROWS:
-        return columns
-    return {k: (np.asarray(v, dtype=np.float64).view(InlineArray) if isinstance(v, np.ndarray) else v)
-            for k, v in columns.items()}
+    """Stream payload: numeric columns as :class:`InlineList`, string columns as plain lists."""
+    return {k: (InlineList(v.tolist()) if isinstance(v, np.ndarray) else v) for k, v in columns.items()}
+
+
+def _empty(columns) -> dict:
+    """Source data with an empty list per column (each its own list: Bokeh extends them in place)."""
+    return {c: [] for c in columns}
 
 
 def n_layers_of(config) -> int:
@@ -171,7 +170,7 @@ class _Capped:
         while len(self.source.data["k"]) + int(keep.sum()) > self.cap:
             data = self.source.data
             mask = np.asarray(data["k"]) % (2 * self.stride) == 0
-            self.source.data = {c: np.asarray(v)[mask] for c, v in data.items()}
+            self.source.data = {c: np.asarray(v)[mask].tolist() for c, v in data.items()}
             self.stride *= 2
             keep = ks % self.stride == 0
         if keep.any():
@@ -193,17 +192,13 @@ class RunStream:
         self.smoothing = float(smoothing)
         self.columns = train_columns(run.config)
         self.smoothed = [c for c in self.columns if is_smoothed(c)]
-        empty = np.zeros(0)
-        train = {c: empty for c in self.columns}
-        train.update({f"{c}_s": empty for c in self.smoothed})
-        train["k"] = empty
+        train = _empty([*self.columns, *(f"{c}_s" for c in self.smoothed), "k"])
         self.train = ColumnDataSource(train, name=f"train-source-{run.id}")
-        self.loss = ColumnDataSource({c: empty for c in LOSS_COLUMNS}, name=f"loss-source-{run.id}")
+        self.loss = ColumnDataSource(_empty(LOSS_COLUMNS), name=f"loss-source-{run.id}")
         self._train_cap, self._loss_cap = _Capped(self.train, cap), _Capped(self.loss, cap)
         self._pending: list[dict] = []   # training rows read but not yet in self.train
-        self.eval = ColumnDataSource({c: empty for c in EVAL_COLUMNS}, name=f"eval-source-{run.id}")
-        self.phases = ColumnDataSource({"left": empty, "right": empty, "left_t": empty, "right_t": empty,
-                                        "phase": empty, "label": [], "color": []},
+        self.eval = ColumnDataSource(_empty(EVAL_COLUMNS), name=f"eval-source-{run.id}")
+        self.phases = ColumnDataSource(_empty(["left", "right", "left_t", "right_t", "phase", "label", "color"]),
                                        name=f"phase-source-{run.id}")
         self.cursor = 0          # next MetricsLog row id to read
         self.k = 0               # training rows seen so far
@@ -301,12 +296,13 @@ class RunStream:
         data = self.train.data
         patch = {}
         for c in self.smoothed:
-            patch[f"{c}_s"], self._ema[c] = ema(np.asarray(data[c], dtype=np.float64), self.smoothing)
+            smoothed, self._ema[c] = ema(np.asarray(data[c], dtype=np.float64), self.smoothing)
+            patch[f"{c}_s"] = smoothed.tolist()
         if len(data["k"]):
             self.train.data.update(patch)
         loss = np.asarray(self.loss.data["loss"], dtype=np.float64)
         if len(loss):
-            self.loss.data.update({"loss_s": ema(loss, self.smoothing)[0]})
+            self.loss.data.update({"loss_s": ema(loss, self.smoothing)[0].tolist()})
 
     def last(self, column: str, default: float = math.nan) -> float:
         """Latest finite value of a training or eval column among the displayed rows."""

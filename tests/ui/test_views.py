@@ -502,18 +502,23 @@ def test_streaming_tick_records_its_duration_with_the_governor(monkeypatch):
     assert now[0] == pytest.approx(2.4)
 
 
-def test_small_stream_batches_serialize_inline_as_gzip_base64_float64():
-    """Bokeh encodes an InlineArray as its inline ndarray form (base64 of a gzip stream, what BokehJS
-    decodes); string columns stay lists; batches over INLINE_ROWS stay numpy arrays (binary frames)."""
+def test_stream_batches_serialize_inline_and_extend_list_columns_in_place():
+    """Bokeh encodes an InlineList as its inline ndarray form (base64 of a gzip stream, what BokehJS
+    decodes); string columns stay plain lists; a stream extends the source's list column in place."""
     import base64
     import gzip
 
     from bokeh.core.serialization import Serializer
-    from qatlab.ui.streaming import INLINE_ROWS, InlineArray, _payload
+    from bokeh.models import ColumnDataSource
+    from qatlab.ui.streaming import InlineList, _empty, _payload
     payload = _payload({"x": np.array([1.0, np.nan, 3.0], np.float32), "label": ["a", "b", "c"]})
-    assert type(payload["x"]) is InlineArray and payload["label"] == ["a", "b", "c"]
+    assert type(payload["x"]) is InlineList and type(payload["label"]) is list
     rep = Serializer().encode(payload["x"])
     assert rep["type"] == "ndarray" and rep["dtype"] == "float64" and rep["shape"] == [3]
     back = np.frombuffer(gzip.decompress(base64.b64decode(rep["array"]["data"])), dtype=np.float64)
     np.testing.assert_array_equal(back, [1.0, np.nan, 3.0])
-    assert type(_payload({"x": np.zeros(INLINE_ROWS + 1)})["x"]) is np.ndarray
+    src = ColumnDataSource(_empty(["x", "label"]))
+    column = src.data["x"]
+    src.stream(payload)
+    src.stream(_payload({"x": np.array([4.0]), "label": ["d"]}))
+    assert src.data["x"] is column and len(column) == 4 and src.data["label"] == ["a", "b", "c", "d"]
