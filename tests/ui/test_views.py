@@ -510,13 +510,17 @@ def test_stream_batches_serialize_inline_and_extend_list_columns_in_place():
 
     from bokeh.core.serialization import Serializer
     from bokeh.models import ColumnDataSource
-    from qatlab.ui.streaming import InlineList, _empty, _payload
+    from qatlab.ui.streaming import InlineList, _empty, _payload, gzip_stored
     payload = _payload({"x": np.array([1.0, np.nan, 3.0], np.float32), "label": ["a", "b", "c"]})
     assert type(payload["x"]) is InlineList and type(payload["label"]) is list
     rep = Serializer().encode(payload["x"])
     assert rep["type"] == "ndarray" and rep["dtype"] == "float64" and rep["shape"] == [3]
     back = np.frombuffer(gzip.decompress(base64.b64decode(rep["array"]["data"])), dtype=np.float64)
     np.testing.assert_array_equal(back, [1.0, np.nan, 3.0])
+    for n in (0, 3, 2000, 9000):             # gzip's own stored stream (byte for byte up to 64 KiB)
+        raw = np.arange(n, dtype=np.float64).tobytes()
+        assert gzip.decompress(gzip_stored(raw)) == raw
+        assert n * 8 > 65535 or gzip_stored(raw) == gzip.compress(raw, compresslevel=0, mtime=1)
     src = ColumnDataSource(_empty(["x", "label"]))
     column = src.data["x"]
     src.stream(payload)
