@@ -41,6 +41,7 @@ PERIOD_MS = 100
 TEXT_PERIOD = 0.5  # seconds between updates of status/progress text (each update re-lays out the page)
 _DONE = object()   # sentinel: the rebuild generator is exhausted
 MAX_PIECE_REST = 0.25   # seconds: the longest rest after one rebuild piece (see _rebuild_in_pieces)
+_active_builds = 0      # rebuilds in pieces under way in this process (all sessions)
 
 
 _turns: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = weakref.WeakKeyDictionary()
@@ -199,8 +200,10 @@ class LiveView(pn.viewable.Viewer):
         held it for 5 s). The pieces of all sessions take turns (:func:`_build_turn`), so one
         event-loop turn runs one piece, not one per rebuilding session. A newer rebuild request
         abandons this one."""
+        global _active_builds
         pieces = self.rebuild_steps()
         turn = _build_turn()
+        _active_builds += 1
         try:
             while build_id == self._build_id:
                 async with turn:
@@ -210,11 +213,14 @@ class LiveView(pn.viewable.Viewer):
                     with set_curdoc(doc), training_paused():
                         if next(pieces, _DONE) is _DONE:
                             return
-                    # rest as long as the piece took, still holding the turn: pieces fill at most
-                    # half of the loop's time, and requests get the other half
-                    await asyncio.sleep(min(time.perf_counter() - start, MAX_PIECE_REST))
+                    if _active_builds > 1:
+                        # other sessions build too: rest as long as the piece took, still holding
+                        # the turn, so pieces fill at most half of the loop's time and requests
+                        # get the other half (a lone build does not wait: Compare starts sooner)
+                        await asyncio.sleep(min(time.perf_counter() - start, MAX_PIECE_REST))
                 await asyncio.sleep(0)
         finally:
+            _active_builds -= 1
             if build_id == self._build_id:   # the latest build ended (done or failed)
                 self._building = False
                 callbacks, self._after_build = self._after_build, []

@@ -526,3 +526,42 @@ def test_stream_batches_serialize_inline_and_extend_list_columns_in_place():
     src.stream(payload)
     src.stream(_payload({"x": np.array([4.0]), "label": ["d"]}))
     assert src.data["x"] is column and len(column) == 4 and src.data["label"] == ["a", "b", "c", "d"]
+
+
+def test_rebuild_pieces_rest_only_while_another_session_builds(monkeypatch):
+    """A lone rebuild runs its pieces back to back; two at once take turns and rest after each
+    piece (the loop keeps half its time for requests)."""
+    import asyncio
+
+    from bokeh.document import Document
+    from panel.io.state import set_curdoc
+    from qatlab.ui import base
+    cfg = ql.ExperimentConfig()
+    cfg.optim.epochs = 1
+    views = []
+    for _ in range(2):
+        view = SteCompareView()
+        view.runs = ql.start_ste_comparison(cfg, start=False)   # no server session yet: built at once
+        views.append(view)
+    real_sleep, rests, scheduled = asyncio.sleep, [], []
+
+    async def sleep(delay, *args):
+        if delay:
+            rests.append(delay)
+        await real_sleep(0)
+    monkeypatch.setattr(base.asyncio, "sleep", sleep)
+    monkeypatch.setattr(base, "in_server_session", lambda: True)
+    doc = Document()
+    monkeypatch.setattr(doc, "add_next_tick_callback", scheduled.append)
+    with set_curdoc(doc):
+        views[0].request_rebuild()
+    asyncio.run(scheduled[0]())
+    assert rests == [] and base._active_builds == 0
+    with set_curdoc(doc):
+        for view in views:
+            view.request_rebuild()
+
+    async def both():
+        await asyncio.gather(scheduled[1](), scheduled[2]())
+    asyncio.run(both())
+    assert len(rests) >= 4 and all(0 < r <= base.MAX_PIECE_REST for r in rests) and base._active_builds == 0
