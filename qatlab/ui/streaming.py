@@ -205,12 +205,11 @@ class RunStream:
     Args:
         run: a :class:`qatlab.runs.Run` (read only: ``log``, ``config``, ``id``, ``done``).
         smoothing: initial EMA weight (0..0.99).
-        cap: most rows kept in the training source (thinned 2:1 beyond).
+        cap: most rows kept in the training and the loss source (each thinned 2:1 beyond).
     """
 
     def __init__(self, run, smoothing: float = 0.0, cap: int = DISPLAY_CAP):
         self.run = run
-        self.cap = cap
         self.smoothing = float(smoothing)
         self.columns = train_columns(run.config)
         self.smoothed = [c for c in self.columns if is_smoothed(c)]
