@@ -31,6 +31,31 @@ def small_config(phase: bool = False, epochs: int = 2) -> ql.ExperimentConfig:
     return cfg
 
 
+@pytest.fixture
+def server_doc(monkeypatch):
+    """``server_doc()`` from then on makes ``in_server_session()`` True and returns (doc, scheduled): a
+    Document standing in for the session, whose ``add_next_tick_callback`` only records callbacks."""
+    from bokeh.document import Document
+    from qatlab.ui import base
+
+    def enter():
+        scheduled = []
+        doc = Document()
+        monkeypatch.setattr(doc, "add_next_tick_callback", scheduled.append)
+        monkeypatch.setattr(base, "in_server_session", lambda: True)
+        return doc, scheduled
+    return enter
+
+
+def comparison_view() -> SteCompareView:
+    """An STE comparison view of four unstarted 1-epoch runs, built at once (no server session yet)."""
+    cfg = ql.ExperimentConfig()
+    cfg.optim.epochs = 1
+    view = SteCompareView()
+    view.runs = ql.start_ste_comparison(cfg, start=False)
+    return view
+
+
 def feed(run: ql.Run, start: int, n: int, phases=(1, 1, 2, 2, 3), eval_every: int = 10) -> None:
     """Append n training rows (and an eval row every ``eval_every``) the way a trainer would."""
     n_layers = len(run.config.model.hidden) + 1
@@ -408,27 +433,18 @@ def test_streaming_tick_skips_a_server_session_whose_page_is_gone(connections, t
     assert len(pulls) == ticks
 
 
-def test_ste_rebuild_runs_in_pieces_and_a_newer_request_abandons_an_older_one(monkeypatch):
+def test_ste_rebuild_runs_in_pieces_and_a_newer_request_abandons_an_older_one(server_doc):
     """In a server session the STE view rebuilds one figure per event-loop turn (the loop answers
     other sessions in between); the pieces give the same figures as a rebuild at once."""
     import asyncio
 
-    from bokeh.document import Document
     from panel.io.state import set_curdoc
-    from qatlab.ui import base
-    cfg = ql.ExperimentConfig()
-    cfg.optim.epochs = 1
-    runs = ql.start_ste_comparison(cfg, start=False)
-    view = SteCompareView()
-    view.runs = runs                                         # no server session: built at once
+    view = comparison_view()                                 # no server session: built at once
     at_once = sorted(view.figures)
     pieces = list(view.rebuild_steps())
     assert len(pieces) >= 2 * len(at_once) - 2 and sorted(view.figures) == at_once
 
-    scheduled = []
-    doc = Document()
-    monkeypatch.setattr(doc, "add_next_tick_callback", scheduled.append)
-    monkeypatch.setattr(base, "in_server_session", lambda: True)
+    doc, scheduled = server_doc()
     with set_curdoc(doc):
         view.request_rebuild()
         view.request_rebuild()                               # supersedes the first
@@ -528,31 +544,22 @@ def test_stream_batches_serialize_inline_and_extend_list_columns_in_place():
     assert src.data["x"] is column and len(column) == 4 and src.data["label"] == ["a", "b", "c", "d"]
 
 
-def test_rebuild_pieces_rest_only_while_another_session_builds(monkeypatch):
+def test_rebuild_pieces_rest_only_while_another_session_builds(monkeypatch, server_doc):
     """A lone rebuild runs its pieces back to back; two at once take turns and rest after each
     piece (the loop keeps half its time for requests)."""
     import asyncio
 
-    from bokeh.document import Document
     from panel.io.state import set_curdoc
     from qatlab.ui import base
-    cfg = ql.ExperimentConfig()
-    cfg.optim.epochs = 1
-    views = []
-    for _ in range(2):
-        view = SteCompareView()
-        view.runs = ql.start_ste_comparison(cfg, start=False)   # no server session yet: built at once
-        views.append(view)
-    real_sleep, rests, scheduled = asyncio.sleep, [], []
+    views = [comparison_view(), comparison_view()]
+    real_sleep, rests = asyncio.sleep, []
 
     async def sleep(delay, *args):
         if delay:
             rests.append(delay)
         await real_sleep(0)
     monkeypatch.setattr(base.asyncio, "sleep", sleep)
-    monkeypatch.setattr(base, "in_server_session", lambda: True)
-    doc = Document()
-    monkeypatch.setattr(doc, "add_next_tick_callback", scheduled.append)
+    doc, scheduled = server_doc()
     with set_curdoc(doc):
         views[0].request_rebuild()
     asyncio.run(scheduled[0]())
