@@ -7,7 +7,8 @@ The step timed is the engine's real hot path (the generic loop's inner step)::
     mlp.backward(x, scratch, grads, need_input_grad=False)
     opt.step(grads.flat())                            # Adam, lr 1e-2
 
-on fixed synthetic data (x ~ U[0, 1), random labels) for each shape. Side by side, in one
+made, as ``run_experiment`` makes it, by :class:`qatlab.fused.FusedStep` (one Numba call, the same
+numbers) where that applies (the 64-256-10 shapes) and by these calls otherwise, on fixed synthetic data (x ~ U[0, 1), random labels) for each shape. Side by side, in one
 ``measure_many`` (interleaved round-robin, so they see the same machine load):
 
 * **numpy floor**: the five matrix products of that step in plain numpy with preallocated
@@ -41,6 +42,7 @@ from . import parallel
 from .benchkit import BenchOptions, Column, Goal, SuiteResult, Table, measure_many, suite
 from .kernels import fakequant as KF
 from .kernels.dense import IDENTITY, RELU, act_backward_inplace, bias_act_inplace, softmax_cross_entropy
+from .fused import FusedStep
 from .nn import Mlp, cross_entropy_loss
 from .optim import Adam, _adam_kernel
 from .quant import TernaryQuantizer
@@ -101,9 +103,13 @@ def _qatlab_setup(sizes, batch):
     return mlp, scratch, grads, opt
 
 
-def make_qatlab_step(sizes, batch, x, labels):
-    """(step, mlp, grads): step() runs one qatlab training step on (x, labels) and returns the loss."""
+def make_qatlab_step(sizes, batch, x, labels, fused=True):
+    """(step, mlp, grads): step() runs one qatlab training step on (x, labels) and returns the loss:
+    a :class:`FusedStep` where it applies (unless ``fused`` is False), else the Python calls."""
     mlp, scratch, grads, opt = _qatlab_setup(sizes, batch)
+    one_call = FusedStep.build(mlp, scratch, grads, opt) if fused else None
+    if one_call is not None:
+        return (lambda: one_call(x, labels=labels)), mlp, grads
     flat = grads.flat()
 
     def step():
@@ -150,7 +156,8 @@ def _pieces(sizes, batch, x, labels):
     call the public API; ``kernel`` pieces call the Numba kernels directly with the same
     arguments, so the difference is the Python wrapper's cost.
     """
-    step, mlp, grads = make_qatlab_step(sizes, batch, x, labels)
+    step = make_qatlab_step(sizes, batch, x, labels, fused=False)[0]
+    fused = make_qatlab_step(sizes, batch, x, labels)[0]
     mlp2, scratch, grads2, opt = _qatlab_setup(sizes, batch)
     step()
     qs = mlp2.weight_quantizers
@@ -240,7 +247,7 @@ def _pieces(sizes, batch, x, labels):
                      math.sqrt(1 - 0.999 ** 10), 1e-8)
 
     return {
-        "step": step,
+        "step": step, "fused": fused,
         "quantize": quantize, "abs_mean_kernel": abs_mean_kernel, "fq_kernel": fq_kernel,
         "fwd_matmuls": fwd_matmuls, "bias_act": bias_act, "forward": forward,
         "loss": loss, "loss_kernel": loss_kernel,
@@ -305,7 +312,10 @@ def _breakdown_table(per_shape: dict) -> Table:
         "glue")
     add("  in backward (backward - its pieces)", {s: per_shape[s]["breakdown"]["backward_glue_us"] for s in keys},
         "glue")
-    add("full step (same measure_many)", {s: per_shape[s]["breakdown"]["step_us"] for s in keys}, "step")
+    add("full step, these calls from Python (same measure_many)", {s: per_shape[s]["breakdown"]["step_us"]
+                                                                   for s in keys}, "step")
+    add("the step timed in the main table (FusedStep where it applies)",
+        {s: per_shape[s]["breakdown"]["pieces"]["fused"] for s in keys}, "timed")
     add("numpy floor: the 5 matmuls (main table)", {s: per_shape[s]["floor_ms"] * 1e3 for s in keys}, "floor")
     cols = [Column("piece", "piece (us per step; % of the full step)")]
     for key in keys:
@@ -406,7 +416,8 @@ def _bench_shape(sizes, batch, opts: BenchOptions, torch, torch_default_threads)
     floor = make_numpy_floor(sizes, batch, x)
     fns = {"qatlab": step, "floor": floor}
     kw = dict(repeats=opts.repeats, warmup=opts.warmup, min_time=opts.min_time)
-    res = {"sizes": list(sizes), "batch": batch, "shape": shape_label(sizes, batch)}
+    res = {"sizes": list(sizes), "batch": batch, "shape": shape_label(sizes, batch),
+           "fused": FusedStep.build(*_qatlab_setup(sizes, batch)) is not None}
     if torch is not None:
         from . import bench_torch_ref as ref
 
@@ -506,6 +517,7 @@ def run(opts: BenchOptions) -> SuiteResult:
     first = Table("first call of the qatlab step in a fresh subprocess", FIRST_CALL_COLUMNS,
                   _first_call_rows(opts.quick))
     breakdown = _breakdown_table(per_shape)
+    fused_shapes = [k for k, r in per_shape.items() if r["fused"]]
     blas = os.environ.get("OPENBLAS_NUM_THREADS")
     loaded = blas_threads()
     loaded_txt = ", ".join(f"{k}: {v} thread(s)" for k, v in loaded.items()) or "threadpoolctl not available"
@@ -515,7 +527,9 @@ def run(opts: BenchOptions) -> SuiteResult:
         f">= {parallel.MIN_MACS:,} multiply-adds into row blocks on {parallel.cores()} cores (qatlab.parallel), "
         "the floor runs on one thread",
         "qatlab step: mlp.forward (TernaryQuantizer, identity STE, on every layer) + cross_entropy_loss + "
-        "mlp.backward(need_input_grad=False) + Adam.step(flat), lr 1e-2; synthetic x ~ U[0,1), random labels",
+        "mlp.backward(need_input_grad=False) + Adam.step(flat), lr 1e-2, in one Numba call (qatlab.fused."
+        "FusedStep, as run_experiment) at " + ", ".join(fused_shapes or ["no shape"]) + "; synthetic x ~ U[0,1), "
+        "random labels",
         "numpy floor: the 5 matmuls x@W1.T, h@W2.T, dY.T@h, dY@W2, dH.T@x with np.matmul(out=), nothing else",
         "qatlab, floor and torch 1-thread are interleaved in one measure_many; torch at its default thread "
         "count in a second one together with qatlab (its ratio uses that run's qatlab time, shown; torch's "

@@ -28,60 +28,15 @@ import math
 import numbers
 
 import numpy as np
-from numba import njit
 
 from . import parallel
 from .kernels.dense import scale_inplace, sum_squares
+from .kernels.optim_kernels import _adam_kernel, _momentum_kernel, _sgd_kernel
 
-FLT_MIN = np.float32(np.finfo(np.float32).tiny)   # smallest normal float32: state below it is flushed to 0
 SCHEDULES = ("constant", "step", "cosine")
+_NO_STATE = np.zeros(0, np.float32)
+_KERNEL_CODES = {_sgd_kernel: 0, _momentum_kernel: 1, _adam_kernel: 2}   # see Optimizer.fused_args
 OPTIMIZERS = ("sgd", "momentum", "adam")
-
-
-# -- kernels: p, g, state float32 (n,); scalars arrive as Python floats (fast to dispatch) and
-# are rounded to float32 once, so the loop runs in float32 like torch's CPU kernels.
-@njit(cache=True, nogil=True, error_model="numpy")
-def _sgd_kernel(p, g, gscale, l2, decay, lr):
-    """p = p * decay - lr * (g * gscale + l2 * p)."""
-    gs, l2f, dec, lrf = np.float32(gscale), np.float32(l2), np.float32(decay), np.float32(lr)
-    for i in range(p.shape[0]):
-        gi = g[i] * gs + l2f * p[i]
-        p[i] = p[i] * dec - lrf * gi
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _momentum_kernel(p, g, buf, gscale, l2, decay, lr, mu):
-    """buf = mu * buf + (g * gscale + l2 * p) (flushed to 0 below FLT_MIN);  p = p * decay - lr * buf."""
-    gs, l2f, dec, lrf, muf = np.float32(gscale), np.float32(l2), np.float32(decay), np.float32(lr), np.float32(mu)
-    for i in range(p.shape[0]):
-        gi = g[i] * gs + l2f * p[i]
-        b = muf * buf[i] + gi
-        if abs(b) < FLT_MIN:
-            b = np.float32(0.0)
-        buf[i] = b
-        p[i] = p[i] * dec - lrf * b
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _adam_kernel(p, g, m, v, gscale, l2, decay, b1, b2, step_size, bc2_sqrt, eps):
-    """Adam with bias correction and m, v flushed to 0 below FLT_MIN (see module doc); decay = 1 - lr wd
-    (decoupled) or l2 = wd.
-    sqrt(v) / sqrt(1 - b2^t) is computed as a multiply by the inverse (saves a division,
-    within 1 ulp of torch's division)."""
-    gs, l2f, dec = np.float32(gscale), np.float32(l2), np.float32(decay)
-    c1, b2f, c2 = np.float32(1.0 - b1), np.float32(b2), np.float32(1.0 - b2)
-    st, inv_bc, ep = np.float32(step_size), np.float32(1.0 / bc2_sqrt), np.float32(eps)
-    for i in range(p.shape[0]):
-        gi = g[i] * gs + l2f * p[i]
-        mi = m[i] + c1 * (gi - m[i])
-        vi = b2f * v[i] + c2 * gi * gi
-        if abs(mi) < FLT_MIN:
-            mi = np.float32(0.0)
-        if vi < FLT_MIN:
-            vi = np.float32(0.0)
-        m[i] = mi
-        v[i] = vi
-        p[i] = p[i] * dec - st * mi / (np.sqrt(vi) * inv_bc + ep)
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -210,6 +165,7 @@ class Optimizer:
         self.last_grad_norm = math.nan
         self.last_lr = math.nan
         self._last_grads = self._last_split = None
+        self._fused_scalars = np.zeros(8)
 
     @property
     def lr(self) -> float:
@@ -258,8 +214,38 @@ class Optimizer:
         cols = [_pieces(self._p, bounds), _pieces(g, bounds)] + [_pieces([s], bounds) for s in self._state]
         return list(zip(*cols))
 
-    def _update(self, arrays, gscale, l2, decay, lr):  # pragma: no cover - abstract
+    def _update(self, arrays, gscale, l2, decay, lr):
+        parallel.elementwise(self._kernel(), arrays, (gscale, l2, decay, *self._scalars(self.t, lr)))
+
+    def _kernel(self):  # pragma: no cover - abstract
+        """The Numba update kernel: ``kernel(p, g, *state, gscale, l2, decay, *self._scalars(t, lr))``."""
         raise NotImplementedError
+
+    def _scalars(self, t: int, lr: float) -> tuple:  # pragma: no cover - abstract
+        """The kernel's scalars after (gscale, l2, decay) for step number t (1-based)."""
+        raise NotImplementedError
+
+    def fused_args(self, lr: float) -> tuple:
+        """What :func:`qatlab.kernels.fused.train_step` needs to make this optimizer's next step:
+        ``(code, state0, state1, scalars)``: code 0 SGD, 1 momentum, 2 Adam; the state buffers
+        (float32 (n,), empty when unused); scalars float64 (8,) (a buffer reused by the next call) = max_grad_norm, l2, decay, then
+        the kernel's own (:meth:`_scalars` for step ``t + 1``, zero-padded). Changes nothing:
+        call :meth:`fused_done` once the kernel has updated."""
+        wd = self.weight_decay
+        decay, l2 = (1.0 - lr * wd, 0.0) if self.decoupled_weight_decay else (1.0, wd)
+        own = self._scalars(self.t + 1, lr)
+        scalars = self._fused_scalars
+        scalars[:3 + len(own)] = (self.max_grad_norm, l2, decay, *own)
+        states = [*self._state, _NO_STATE, _NO_STATE]
+        return _KERNEL_CODES[self._kernel()], states[0], states[1], scalars
+
+    def fused_done(self, lr: float, grad_norm: float) -> None:
+        """Bookkeeping of a step the fused kernel made: as :meth:`step` does (t, last_lr, and
+        last_grad_norm when clipping is on)."""
+        self.t += 1
+        self.last_lr = lr
+        if self.max_grad_norm > 0:
+            self.last_grad_norm = grad_norm
 
 
 class SGD(Optimizer):
@@ -271,13 +257,11 @@ class SGD(Optimizer):
         self.n_state = 1 if self.momentum > 0 else 0
         super().__init__(params, lr, weight_decay, max_grad_norm, decoupled_weight_decay)
 
-    def _update(self, arrays, gscale, l2, decay, lr):
-        if self.momentum > 0:
-            p, g, buf = arrays
-            parallel.elementwise(_momentum_kernel, (p, g, buf), (gscale, l2, decay, lr, self.momentum))
-        else:
-            p, g = arrays
-            parallel.elementwise(_sgd_kernel, (p, g), (gscale, l2, decay, lr))
+    def _kernel(self):
+        return _momentum_kernel if self.momentum > 0 else _sgd_kernel
+
+    def _scalars(self, t, lr):
+        return (lr, self.momentum) if self.momentum > 0 else (lr,)
 
 
 class Momentum(SGD):
@@ -301,11 +285,12 @@ class Adam(Optimizer):
         self.eps = _check_number("eps", eps, 0.0, math.inf)
         super().__init__(params, lr, weight_decay, max_grad_norm, decoupled_weight_decay)
 
-    def _update(self, arrays, gscale, l2, decay, lr):
-        p, g, m, v = arrays
+    def _kernel(self):
+        return _adam_kernel
+
+    def _scalars(self, t, lr):
         b1, b2 = self.betas
-        scalars = (gscale, l2, decay, b1, b2, lr / (1.0 - b1 ** self.t), math.sqrt(1.0 - b2 ** self.t), self.eps)
-        parallel.elementwise(_adam_kernel, (p, g, m, v), scalars)
+        return b1, b2, lr / (1.0 - b1 ** t), math.sqrt(1.0 - b2 ** t), self.eps
 
 
 def make_optimizer(cfg, params, steps_per_epoch: int) -> Optimizer:

@@ -71,6 +71,8 @@ def test_train_suite_quick_structure(tiny_train, tmp_path):
     assert any(p.startswith("glue") for p in pieces) and any(p.startswith("numpy floor") for p in pieces)
     step_row = next(r for r in breakdown["rows"] if r["kind"] == "step")
     assert step_row["8-16-4 b4_pct"] == pytest.approx(100.0)
+    timed = next(r for r in breakdown["rows"] if r["kind"] == "timed")      # tiny shapes: the FusedStep
+    assert timed["8-16-4 b4_us"] > 0 and all(r["fused"] for r in main["rows"])
 
     first = payload["tables"][2]["rows"]
     assert len(first) == 1 and "project cache" in first[0]["mode"]        # quick: one subprocess

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import qatlab as ql
+from qatlab.fused import BACKWARD, UPDATE, FusedStep
 from qatlab.metrics import MetricsLog
 from qatlab.quant import FLOAT32_EPS, FakeQuantize, TernaryQuantizer
 from qatlab.train.build import build_model
@@ -438,18 +439,33 @@ def test_phase_mode_columns_schedule_and_backward_passes():
     assert stats["backward_passes"] == 24
 
 
+def _count_passes(monkeypatch) -> dict:
+    """Counts forward and backward passes, whether Mlp or the FusedStep makes them."""
+    calls = {"forward": 0, "backward": 0}
+    for name in calls:
+        real = getattr(ql.Mlp, name)
+
+        def counting(self, *a, _real=real, _name=name, **k):
+            calls[_name] += 1
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(ql.Mlp, name, counting)
+    real_fused = FusedStep.__call__
+
+    def fused(self, *a, stage=UPDATE, **k):
+        calls["forward"] += 1
+        calls["backward"] += stage >= BACKWARD
+        return real_fused(self, *a, stage=stage, **k)
+
+    monkeypatch.setattr(FusedStep, "__call__", fused)
+    return calls
+
+
 def test_phase_mode_skips_backward_on_predict_steps(monkeypatch):
-    calls = {"n": 0}
-    real = ql.Mlp.backward
-
-    def counting(self, *a, **k):
-        calls["n"] += 1
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(ql.Mlp, "backward", counting)
+    calls = _count_passes(monkeypatch)
     res = ql.run_experiment(phase_cfg())
     assert res.status == "finished"
-    assert calls["n"] == res.final["backward_passes"] == 24
+    assert calls["backward"] == res.final["backward_passes"] == 24
 
 
 def test_phase_mode_is_deterministic_and_runs_with_lsq():
@@ -507,15 +523,7 @@ def test_quality_floors_on_digits():
 
 
 def test_phase_mode_predict_steps_run_forward_only_for_a_metrics_row(monkeypatch):
-    calls = {"forward": 0, "backward": 0}
-    for name in calls:
-        real = getattr(ql.Mlp, name)
-
-        def counting(self, *a, _real=real, _name=name, **k):
-            calls[_name] += 1
-            return _real(self, *a, **k)
-
-        monkeypatch.setattr(ql.Mlp, name, counting)
+    calls = _count_passes(monkeypatch)
     cfg = phase_cfg(epochs=3)
     cfg.metrics_every = 4
     log = MetricsLog()

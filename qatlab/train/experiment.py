@@ -19,6 +19,7 @@ from .. import parallel
 from ..config import ExperimentConfig
 from ..data import Dataset, load_dataset
 from ..fpmode import subnormals_flushed
+from ..fused import FusedStep
 from ..kernels.dense import sign_counts, sum_squares
 from ..metrics import MetricsLog
 from ..nn import Mlp, accuracy, cross_entropy_loss, mse_loss
@@ -72,12 +73,21 @@ class _Loss:
     def __call__(self, y, targets, d_out=None) -> float:
         if self.kind == "cross_entropy":
             return cross_entropy_loss(y, targets, d_out)
-        if self.classify:
-            t = self.onehot[: len(targets)]
-            t.fill(0.0)
-            t[np.arange(len(targets)), targets] = 1.0
-            return mse_loss(y, t, d_out)
-        return mse_loss(y, targets, d_out)
+        return mse_loss(y, self._mse_targets(targets), d_out)
+
+    def _mse_targets(self, targets):
+        if not self.classify:
+            return targets
+        t = self.onehot[: len(targets)]
+        t.fill(0.0)
+        t[np.arange(len(targets)), targets] = 1.0
+        return t
+
+    def fused(self, targets) -> dict:
+        """The keyword arguments of a :class:`~qatlab.fused.FusedStep` call for this batch's targets."""
+        if self.kind == "cross_entropy":
+            return {"labels": targets}
+        return {"targets": self._mse_targets(targets)}
 
 
 def evaluate(mlp: Mlp, X: np.ndarray, y: np.ndarray, loss: _Loss, scratch=None) -> tuple[float, float]:
@@ -177,6 +187,8 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
     loss_fn = _Loss(cfg.optim.loss, data, bs)
     scratch, grads = mlp.scratch(bs), mlp.gradients(bs)
     eval_scratch = mlp.scratch(min(EVAL_CHUNK, max(data.n_train, data.n_test)))
+    # one Numba call per step for small models without LSQ scales (qatlab.fused); the same numbers
+    fused = FusedStep.build(mlp, scratch, grads, opt) if lsq is None else None
     xbuf = np.empty((bs, data.n_features), np.float32)
     ybuf = np.empty((bs, *data.y_train.shape[1:]), data.y_train.dtype)
     phase = None
@@ -185,7 +197,7 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
         if bs < cfg.phase.gradient_accumulation:
             raise ValueError(f"phase.gradient_accumulation: {cfg.phase.gradient_accumulation} micro-batches "
                              f"need batch_size >= that, got {bs}")
-        phase = PhaseStepper(cfg.phase, mlp, scratch, grads, loss_fn)
+        phase = PhaseStepper(cfg.phase, mlp, scratch, grads, loss_fn, fused)
     rng = np.random.default_rng(cfg.optim.seed)
 
     def update(flat_grads, real_gradient: bool):
@@ -213,7 +225,9 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
             yb = data.y_train.take(idx, axis=0, out=ybuf[: len(idx)])   # wrapper costs 0.6 us more
             lr = opt.lr
             with STEP_SLOTS:
-                if phase is None:
+                if phase is None and fused is not None:
+                    loss = fused(xb, **loss_fn.fused(yb), lr=lr)
+                elif phase is None:
                     loss = loss_fn(mlp.forward(xb, scratch), yb, grads.d_output_mut())
                     if math.isfinite(loss):
                         mlp.backward(xb, scratch, grads, need_input_grad=False)

@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from ..config import PhaseConfig
+from ..fused import BACKWARD, FORWARD
 from .phase import PhaseTrainer
 
 # PhaseTrainer.step_metrics() key -> MetricsLog column (the dashboard reads these names).
@@ -31,10 +32,11 @@ _COLUMNS = {"phase": "phase", "backward_passes": "backward_passes", "step_speedu
 class PhaseStepper:
     """Runs one training step of ``mlp`` in phase mode; see the module doc."""
 
-    def __init__(self, cfg: PhaseConfig, mlp, scratch, grads, loss_fn):
+    def __init__(self, cfg: PhaseConfig, mlp, scratch, grads, loss_fn, fused=None):
         self.trainer = PhaseTrainer(mlp.param_shapes(), cfg)
         self.k = cfg.gradient_accumulation
         self.mlp, self.scratch, self.grads, self.loss_fn = mlp, scratch, grads, loss_fn
+        self.fused = fused   # a FusedStep of mlp (or None): forward + loss (+ backward) in one call
         self._last_correction_step = -1
 
     def step(self, xb: np.ndarray, yb: np.ndarray, update, need_loss: bool = True) -> float | None:
@@ -51,17 +53,24 @@ class PhaseStepper:
             total = 0.0
             parts = ((xb, yb),) if self.k == 1 else zip(np.array_split(xb, self.k), np.array_split(yb, self.k))
             for xm, ym in parts:
-                y = mlp.forward(xm, scratch)
-                loss = self.loss_fn(y, ym, grads.d_output_mut())
+                if self.fused is not None:
+                    loss = self.fused(xm, **self.loss_fn.fused(ym), stage=BACKWARD)
+                else:
+                    loss = self.loss_fn(mlp.forward(xm, scratch), ym, grads.d_output_mut())
                 if not math.isfinite(loss):
                     return loss
-                mlp.backward(xm, scratch, grads, need_input_grad=False)
+                if self.fused is None:
+                    mlp.backward(xm, scratch, grads, need_input_grad=False)
                 self.trainer.record_full_gradients(flat)
                 total += loss * len(xm)
             loss = total / len(xb)
             self.trainer.gradients_for_update(out=flat)
         else:
-            loss = self.loss_fn(mlp.forward(xb, scratch), yb) if need_loss else None
+            loss = None
+            if need_loss and self.fused is not None:
+                loss = self.fused(xb, **self.loss_fn.fused(yb), stage=FORWARD)
+            elif need_loss:
+                loss = self.loss_fn(mlp.forward(xb, scratch), yb)
             if loss is not None and not math.isfinite(loss):
                 return loss
             self.trainer.get_predicted_gradients(out=flat)

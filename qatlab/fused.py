@@ -1,0 +1,132 @@
+"""FusedStep: a training step of a small :class:`~qatlab.nn.Mlp` as one Numba call.
+
+``step = FusedStep.build(mlp, scratch, grads, opt)`` returns None when the model is outside what
+:func:`qatlab.kernels.fused.train_step` covers (see :func:`unsupported_reason`); otherwise
+``step(x, labels=...)`` (or ``targets=`` for MSE) does what this does from Python::
+
+    y = mlp.forward(x, scratch)
+    loss = cross_entropy_loss(y, labels, grads.d_output_mut())   # or mse_loss(y, targets, ...)
+    mlp.backward(x, scratch, grads, need_input_grad=False)
+    opt.step(grads.flat())
+
+and leaves the objects as that would (scratch, gradients, the quantizers' alphas, the optimizer's
+step count), so metrics, snapshots and a later Python step carry on from it. ``stage`` stops
+earlier: FORWARD (loss only; dL/dy is still written), BACKWARD (+ gradients, no update).
+
+Why: at 64-256-10, batch 64, a step is ~20 kernel calls of a few microseconds each; the Python
+around them (dispatch, argument checks, views) was a quarter of the step.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import parallel
+from .kernels.fused import BACKWARD, FORWARD, UPDATE, train_step
+from .nn import _f32_2d, _labels
+from .quant import TernaryQuantizer
+
+__all__ = ["FusedStep", "unsupported_reason", "FORWARD", "BACKWARD", "UPDATE"]
+
+_NO_LABELS = np.zeros(0, np.int64)
+_NO_STATE = np.zeros(0, np.float32)
+_NO_SCALARS = np.zeros(8)
+
+
+def unsupported_reason(mlp, scratch, opt=None) -> str | None:
+    """Why ``FusedStep`` cannot run this model (None if it can): weight quantizers other than
+    None or :class:`TernaryQuantizer`, activation quantizers, an optimizer over anything but
+    ``mlp.flat_params()``, or work big enough to be split across cores (:mod:`qatlab.parallel`)."""
+    if any(q is not None and type(q) is not TernaryQuantizer for q in mlp.weight_quantizers):
+        return "weight quantizers other than ternary"
+    if any(q is not None for q in mlp.activation_quantizers):
+        return "activation quantizers"
+    if mlp.num_params >= parallel.MIN_ELEMENTS:
+        return "parameters split across cores"
+    if any(scratch.batch_size * n_in * n_out >= parallel.MIN_MACS for n_in, n_out in zip(mlp.sizes, mlp.sizes[1:])):
+        return "matrix products split across cores"
+    if opt is not None and not (len(opt._p) == 1 and _same_memory(opt._p[0], mlp.flat_params())):
+        return "optimizer not over mlp.flat_params()"
+    return None
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.size == b.size and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+
+
+class FusedStep:
+    """One training step of ``mlp`` in one call; see the module doc. Build with :meth:`build`."""
+
+    @classmethod
+    def build(cls, mlp, scratch, grads, opt=None) -> "FusedStep | None":
+        """The fused step, or None when :func:`unsupported_reason` gives a reason."""
+        return None if unsupported_reason(mlp, scratch, opt) else cls(mlp, scratch, grads, opt)
+
+    def __init__(self, mlp, scratch, grads, opt=None):
+        reason = unsupported_reason(mlp, scratch, opt)
+        if reason:
+            raise ValueError(f"mlp: FusedStep does not cover this model ({reason})")
+        self.mlp, self.scratch, self.grads, self.opt = mlp, scratch, grads, opt
+        L = mlp.num_layers
+        self._quantizers = mlp.weight_quantizers
+        self._ternary = np.array([q is not None for q in self._quantizers], np.int64)
+        self._alphas = np.zeros(L, np.float32)
+        self._ws = tuple(mlp.weights(i) for i in range(L))
+        self._bs = tuple(mlp._b)
+        self._wqs = tuple(scratch._wq[i] if q is not None else mlp.weights(i) for i, q in enumerate(self._quantizers))
+        self._dws, self._dbs = tuple(grads._dw), tuple(grads._db)
+        self._no_targets = np.zeros((0, mlp.sizes[-1]), np.float32)
+        self._rows = {}
+        self._codes, self._stes = None, None
+
+    def _batch_rows(self, B):
+        rows = self._rows.get(B)
+        if rows is None:
+            self.grads._grow(B)
+            h = self.scratch._rows(B)[0]
+            rows = self._rows[B] = (tuple(h), tuple(self.grads._rows(B)[0]))
+        return rows
+
+    def __call__(self, x, labels=None, targets=None, stage=UPDATE, lr=None) -> float:
+        """Step on x (B, in) float32 C-contiguous, B <= scratch.batch_size, with int64 ``labels``
+        (B,) (softmax cross-entropy) or float32 ``targets`` (B, K) (MSE). lr: this step's learning
+        rate (default: the optimizer's schedule). Returns the loss; a non-finite loss returns at
+        once with nothing updated (as the Python step would not update)."""
+        mlp, scratch, opt = self.mlp, self.scratch, self.opt
+        x = mlp._input(x, scratch)
+        B = x.shape[0]
+        if (labels is None) == (targets is None):
+            raise ValueError("labels, targets: give exactly one (labels for cross-entropy, targets for MSE)")
+        if labels is not None:
+            labels = _labels(labels, B).astype(np.int64, copy=False)
+            targets = self._no_targets
+        else:
+            targets = _f32_2d("targets", targets)
+            if targets.shape != (B, mlp.sizes[-1]):
+                raise ValueError(f"targets: expected shape {(B, mlp.sizes[-1])}, got {targets.shape}")
+            labels = _NO_LABELS
+        hs, ds = self._batch_rows(B)
+        if stage == UPDATE:
+            if opt is None:
+                raise ValueError("stage: UPDATE needs the optimizer given to FusedStep")
+            lr = opt.lr if lr is None else lr
+            code, s0, s1, sc = opt.fused_args(lr)
+        else:
+            code, s0, s1, sc = 0, _NO_STATE, _NO_STATE, _NO_SCALARS
+        codes = [q._code if q is not None else 0 for q in self._quantizers]   # a quantizer's ste may change
+        if codes != self._codes:
+            self._codes, self._stes = codes, np.array(codes, np.int64)
+        loss, norm = train_step(x, labels, targets, stage, mlp._act,
+                                self._ternary, self._stes, self._alphas, self._ws, self._bs, self._wqs, hs, ds,
+                                self._dws, self._dbs, code, s0, s1, mlp.flat_params(), self.grads.flat(), sc)
+        for q, alpha in zip(self._quantizers, self._alphas.tolist()):
+            if q is not None:
+                q.alpha = alpha
+        scratch.batch, scratch._x_in, mlp._last_batch = B, x, B
+        scratch._w_used = list(self._wqs)
+        scratch._a_in = [x, *hs[:-1]]
+        self.grads._input_batch = 0
+        if stage == UPDATE and math.isfinite(loss):
+            opt.fused_done(lr, norm)
+        return loss

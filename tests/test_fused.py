@@ -1,0 +1,206 @@
+"""FusedStep: the whole step in one Numba call gives the Python step's numbers, bit for bit."""
+import math
+
+import numpy as np
+import pytest
+
+import qatlab as ql
+from qatlab import parallel
+from qatlab.fused import BACKWARD, FORWARD, FusedStep, unsupported_reason
+from qatlab.nn import ACTIVATIONS, Mlp, cross_entropy_loss, mse_loss
+from qatlab.optim import SGD, Adam, Momentum
+from qatlab.quant import FakeQuantize, TernaryQuantizer
+from qatlab.train import experiment
+
+SIZES = [12, 16, 8, 5]
+CAP = 9
+
+
+def _model(activation="relu", ternary=(True, False, True), bias=True, ste="identity"):
+    qs = [TernaryQuantizer(ste=ste) if t else None for t in ternary]
+    return Mlp(SIZES, activation=activation, seed=3, bias=bias, weight_quantizers=qs)
+
+
+def _optimizer(kind, params):
+    if kind == "sgd":
+        return SGD(params, lr=0.05, weight_decay=0.01)
+    if kind == "momentum":
+        return Momentum(params, lr=0.05, max_grad_norm=0.5, decoupled_weight_decay=False, weight_decay=0.01)
+    return Adam(params, lr=0.01, max_grad_norm=0.5, weight_decay=0.02)
+
+
+def _pair(opt_kind, **model_kw):
+    """Two identical (mlp, scratch, grads, opt) sets."""
+    out = []
+    for _ in range(2):
+        mlp = _model(**model_kw)
+        out.append((mlp, mlp.scratch(CAP), mlp.gradients(CAP), _optimizer(opt_kind, mlp.flat_params())))
+    return out
+
+
+def _batches(n_steps, loss, seed=0):
+    rng = np.random.default_rng(seed)
+    for t in range(n_steps):
+        B = CAP if t % 3 else CAP - 4          # a smaller batch now and then (the epoch's last)
+        x = rng.standard_normal((B, SIZES[0])).astype(np.float32)
+        if loss == "ce":
+            yield x, {"labels": rng.integers(0, SIZES[-1], B)}
+        else:
+            yield x, {"targets": rng.standard_normal((B, SIZES[-1])).astype(np.float32)}
+
+
+def _python_step(mlp, scratch, grads, opt, x, labels=None, targets=None):
+    y = mlp.forward(x, scratch)
+    if labels is not None:
+        loss = cross_entropy_loss(y, labels, grads.d_output_mut())
+    else:
+        loss = mse_loss(y, targets, grads.d_output_mut())
+    mlp.backward(x, scratch, grads, need_input_grad=False)
+    opt.step(grads.flat())
+    return loss
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("opt_kind", ["sgd", "momentum", "adam"])
+@pytest.mark.parametrize("loss", ["ce", "mse"])
+def test_matches_the_python_step_bit_for_bit(activation, opt_kind, loss):
+    (m1, s1, g1, o1), (m2, s2, g2, o2) = _pair(opt_kind, activation=activation)
+    fused = FusedStep(m2, s2, g2, o2)
+    for x, target in _batches(7, loss):
+        assert _python_step(m1, s1, g1, o1, x, **target) == fused(x, **target)
+        assert np.array_equal(m1.flat_params(), m2.flat_params())
+        assert np.array_equal(g1.flat(), g2.flat())
+        assert np.array_equal(s1.output(), s2.output())
+        assert (o1.t, o1.last_lr) == (o2.t, o2.last_lr)
+        assert o1.last_grad_norm == o2.last_grad_norm or math.isnan(o1.last_grad_norm) and math.isnan(o2.last_grad_norm)
+        for q1, q2 in zip(m1.weight_quantizers, m2.weight_quantizers):
+            assert q1 is None or q1.alpha == q2.alpha
+        for i in range(m1.num_layers):
+            assert np.array_equal(s1.weights_used(i), s2.weights_used(i))
+            assert np.array_equal(s1.layer_input(i), s2.layer_input(i))
+
+
+@pytest.mark.parametrize("ste", ["identity", "clipped_identity", "tanh", "hard_tanh"])
+def test_every_ste_and_no_bias(ste):
+    (m1, s1, g1, o1), (m2, s2, g2, o2) = _pair("adam", bias=False, ste=ste, ternary=(True, True, True))
+    fused = FusedStep(m2, s2, g2, o2)
+    for x, target in _batches(5, "ce", seed=1):
+        assert _python_step(m1, s1, g1, o1, x, **target) == fused(x, **target)
+    assert np.array_equal(m1.flat_params(), m2.flat_params())
+    fused.mlp.weight_quantizers[0].ste = "identity"        # a changed STE is picked up
+    m1.weight_quantizers[0].ste = "identity"
+    x, target = next(_batches(1, "ce", seed=2))
+    assert _python_step(m1, s1, g1, o1, x, **target) == fused(x, **target)
+    assert np.array_equal(m1.flat_params(), m2.flat_params())
+
+
+def test_one_step_against_a_float64_reference():
+    """Ternary 2-layer ReLU, softmax cross-entropy, Adam step 1: the documented formulas in numpy."""
+    mlp = Mlp([6, 8, 3], seed=1, weight_quantizers=[TernaryQuantizer(), TernaryQuantizer()])
+    W1, b1, W2, b2 = (a.astype(np.float64) for a in (mlp.weights(0), mlp.biases(0), mlp.weights(1), mlp.biases(1)))
+    opt = Adam(mlp.flat_params(), lr=0.01)
+    fused = FusedStep(mlp, mlp.scratch(4), mlp.gradients(4), opt)
+    rng = np.random.default_rng(0)
+    x, labels = rng.standard_normal((4, 6)).astype(np.float32), np.array([0, 2, 1, 2])
+    loss = fused(x, labels=labels)
+
+    def tern(W):
+        alpha = np.mean(np.abs(W))
+        return alpha * np.clip(np.rint(W / alpha), -1, 1)
+    x64 = x.astype(np.float64)
+    Q1, Q2 = tern(W1), tern(W2)
+    h = np.maximum(x64 @ Q1.T + b1, 0)
+    z = h @ Q2.T + b2
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    assert loss == pytest.approx(-np.mean(np.log(p[np.arange(4), labels])), rel=1e-5)
+    dz = (p - np.eye(3)[labels]) / 4
+    dh = (dz @ Q2) * (h > 0)
+    grads = [dh.T @ x64, dh.sum(0), dz.T @ h, dz.sum(0)]       # identity STE: dW = dWq
+    for before, g, after in zip((W1, b1, W2, b2), grads, (mlp.weights(0), mlp.biases(0), mlp.weights(1), mlp.biases(1))):
+        m, v = 0.1 * g, 0.001 * g * g
+        expected = before - (0.01 / 0.1) * m / (np.sqrt(v) / np.sqrt(0.001) + 1e-8)
+        np.testing.assert_allclose(after, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_stages_stop_early():
+    (m1, s1, g1, o1), (m2, s2, g2, o2) = _pair("adam")
+    fused = FusedStep(m2, s2, g2, None)
+    x, target = next(_batches(1, "ce"))
+    params, grads = m2.flat_params().copy(), g2.flat().copy()
+    y = m1.forward(x, s1)
+    assert fused(x, **target, stage=FORWARD) == cross_entropy_loss(y, target["labels"])
+    assert np.array_equal(m2.flat_params(), params) and np.array_equal(g2.flat(), grads)
+    loss = fused(x, **target, stage=BACKWARD)
+    assert loss == cross_entropy_loss(y, target["labels"], g1.d_output_mut())
+    m1.backward(x, s1, g1, need_input_grad=False)
+    assert np.array_equal(g1.flat(), g2.flat())
+    assert np.array_equal(m2.flat_params(), params)
+    with pytest.raises(ValueError, match="stage"):
+        fused(x, **target)                                    # UPDATE needs an optimizer
+
+
+def test_non_finite_loss_updates_nothing():
+    mlp, scratch, grads, opt = _pair("adam")[0]
+    fused = FusedStep(mlp, scratch, grads, opt)
+    x, target = next(_batches(1, "ce"))
+    x[0, 0] = np.nan
+    params = mlp.flat_params().copy()
+    assert math.isnan(fused(x, **target))
+    assert np.array_equal(mlp.flat_params(), params) and opt.t == 0
+
+
+def test_bad_input_is_refused():
+    mlp, scratch, grads, opt = _pair("adam")[0]
+    fused = FusedStep(mlp, scratch, grads, opt)
+    x, target = next(_batches(1, "ce"))
+    with pytest.raises(ValueError, match="labels, targets"):
+        fused(x)
+    with pytest.raises(ValueError, match="labels, targets"):
+        fused(x, labels=target["labels"], targets=np.zeros((len(x), SIZES[-1]), np.float32))
+    with pytest.raises(ValueError, match="labels"):
+        fused(x, labels=target["labels"][:-1])
+    with pytest.raises(ValueError, match="labels"):
+        fused(x, labels=np.full(len(x), SIZES[-1]))          # a label outside [0, K)
+    with pytest.raises(ValueError, match="targets"):
+        fused(x, targets=np.zeros((len(x), 2), np.float32))
+    with pytest.raises(ValueError, match="x"):
+        fused(np.zeros((CAP + 1, SIZES[0]), np.float32), labels=np.zeros(CAP + 1, np.int64))
+    assert opt.t == 0
+
+
+def test_what_it_does_not_cover():
+    mlp = _model()
+    scratch = mlp.scratch(CAP)
+    assert unsupported_reason(mlp, scratch, Adam(mlp.flat_params())) is None
+    fq = Mlp(SIZES, weight_quantizers=[FakeQuantize(bits=4), None, None])
+    assert "ternary" in unsupported_reason(fq, fq.scratch(CAP))
+    aq = Mlp(SIZES, activation_quantizers=[FakeQuantize(bits=8), None])
+    assert "activation" in unsupported_reason(aq, aq.scratch(CAP))
+    big = Mlp([parallel.MIN_ELEMENTS // 8, 8, 2])
+    assert "parameters" in unsupported_reason(big, big.scratch(1))
+    wide = Mlp([1024, 64, 2])
+    assert "matrix products" in unsupported_reason(wide, wide.scratch(parallel.MIN_MACS // (1024 * 64)))
+    other = Adam([np.zeros(mlp.num_params, np.float32)])
+    assert "optimizer" in unsupported_reason(mlp, scratch, other)
+    assert FusedStep.build(fq, fq.scratch(CAP), fq.gradients(CAP)) is None
+    with pytest.raises(ValueError, match="FusedStep does not cover"):
+        FusedStep(fq, fq.scratch(CAP), fq.gradients(CAP))
+
+
+@pytest.mark.parametrize("phase", [False, True])
+def test_experiment_history_is_the_same_with_and_without_it(monkeypatch, phase):
+    cfg = ql.ExperimentConfig()
+    cfg.optim.epochs, cfg.model.hidden = 2, [32]
+    cfg.phase.enabled = phase
+    used = []
+    build = FusedStep.build
+    monkeypatch.setattr(experiment.FusedStep, "build", lambda *a: used.append(build(*a)) or used[-1])
+    fused = ql.run_experiment(cfg)
+    monkeypatch.setattr(experiment.FusedStep, "build", lambda *a: None)
+    python = ql.run_experiment(cfg)
+    assert isinstance(used[0], FusedStep)
+    assert fused.history.keys() == python.history.keys()
+    for key in fused.history:
+        if key not in ("time", "steps_per_second", "speedup_wall"):
+            np.testing.assert_array_equal(fused.history[key], python.history[key], err_msg=key)
