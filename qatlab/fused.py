@@ -78,7 +78,12 @@ class FusedStep:
         self._dws, self._dbs = tuple(grads._dw), tuple(grads._db)
         self._no_targets = np.zeros((0, mlp.sizes[-1]), np.float32)
         self._rows = {}
-        self._codes, self._stes = None, None
+        self._ternary_layers = [(i, q) for i, q in enumerate(self._quantizers) if q is not None]
+        self._stes = np.zeros(L, np.int64)
+        self._w_used = list(self._wqs)
+        self._params, self._grads = mlp.flat_params(), grads.flat()
+        self._opt_kernel = opt.fused_kernel() if opt is not None else None
+        self.stash_sumsq = math.nan
 
     def _batch_rows(self, B):
         rows = self._rows.get(B)
@@ -88,18 +93,25 @@ class FusedStep:
             rows = self._rows[B] = (tuple(h), tuple(self.grads._rows(B)[0]))
         return rows
 
-    def __call__(self, x, labels=None, targets=None, stage=UPDATE, lr=None) -> float:
+    def __call__(self, x, labels=None, targets=None, stage=UPDATE, lr=None, stash=None, clip=0.0) -> float:
         """Step on x (B, in) float32 C-contiguous, B <= scratch.batch_size, with int64 ``labels``
         (B,) (softmax cross-entropy) or float32 ``targets`` (B, K) (MSE). lr: this step's learning
         rate (default: the optimizer's schedule). Returns the loss; a non-finite loss returns at
-        once with nothing updated (as the Python step would not update)."""
+        once with nothing updated (as the Python step would not update).
+
+        stash (float32 (n,), stage UPDATE): receives a copy of the gradient before the update,
+        whose float64 sum of squares is then :attr:`stash_sumsq` (no update if it is not finite);
+        clip > 0 first scales the update's gradient to global norm <= clip, as PhaseTrainer does
+        (factor clip / (norm + 1e-6)). This is phase training's backward step in one call.
+        """
         mlp, scratch, opt = self.mlp, self.scratch, self.opt
         x = mlp._input(x, scratch)
         B = x.shape[0]
         if (labels is None) == (targets is None):
             raise ValueError("labels, targets: give exactly one (labels for cross-entropy, targets for MSE)")
         if labels is not None:
-            labels = _labels(labels, B).astype(np.int64, copy=False)
+            if not (labels.__class__ is np.ndarray and labels.dtype == np.int64 and labels.shape == (B,)):
+                labels = _labels(labels, B).astype(np.int64)
             targets = self._no_targets
         else:
             targets = _f32_2d("targets", targets)
@@ -111,22 +123,28 @@ class FusedStep:
             if opt is None:
                 raise ValueError("stage: UPDATE needs the optimizer given to FusedStep")
             lr = opt.lr if lr is None else lr
-            code, s0, s1, sc = opt.fused_args(lr)
+            code, s0, s1 = self._opt_kernel
+            sc = opt.fused_scalars(lr)
         else:
             code, s0, s1, sc = 0, _NO_STATE, _NO_STATE, _NO_SCALARS
-        codes = [q._code if q is not None else 0 for q in self._quantizers]   # a quantizer's ste may change
-        if codes != self._codes:
-            self._codes, self._stes = codes, np.array(codes, np.int64)
-        loss, norm = train_step(x, labels, targets, stage, mlp._act,
-                                self._ternary, self._stes, self._alphas, self._ws, self._bs, self._wqs, hs, ds,
-                                self._dws, self._dbs, code, s0, s1, mlp.flat_params(), self.grads.flat(), sc)
-        for q, alpha in zip(self._quantizers, self._alphas.tolist()):
-            if q is not None:
-                q.alpha = alpha
+        stes = self._stes
+        for i, q in self._ternary_layers:       # a quantizer's STE may have changed
+            stes[i] = q._code
+        if stash is None:
+            stash = _NO_STATE
+        elif not (stash.__class__ is np.ndarray and stash.dtype == np.float32 and stash.shape == self._grads.shape
+                  and stash.flags.c_contiguous):
+            raise ValueError(f"stash: expected a C-contiguous float32 array of shape {self._grads.shape}")
+        loss, norm, self.stash_sumsq = train_step(
+            x, labels, targets, stage, mlp._act, self._ternary, stes, self._alphas, self._ws, self._bs,
+            self._wqs, hs, ds, self._dws, self._dbs, code, s0, s1, self._params, self._grads, sc, stash, float(clip))
+        alphas = self._alphas.tolist()
+        for i, q in self._ternary_layers:
+            q.alpha = alphas[i]
         scratch.batch, scratch._x_in, mlp._last_batch = B, x, B
-        scratch._w_used = list(self._wqs)
+        scratch._w_used = self._w_used
         scratch._a_in = [x, *hs[:-1]]
         self.grads._input_batch = 0
-        if stage == UPDATE and math.isfinite(loss):
+        if stage == UPDATE and math.isfinite(loss) and (stash is _NO_STATE or math.isfinite(self.stash_sumsq)):
             opt.fused_done(lr, norm)
         return loss

@@ -35,7 +35,7 @@ from .kernels.optim_kernels import _adam_kernel, _momentum_kernel, _sgd_kernel
 
 SCHEDULES = ("constant", "step", "cosine")
 _NO_STATE = np.zeros(0, np.float32)
-_KERNEL_CODES = {_sgd_kernel: 0, _momentum_kernel: 1, _adam_kernel: 2}   # see Optimizer.fused_args
+_KERNEL_CODES = {_sgd_kernel: 0, _momentum_kernel: 1, _adam_kernel: 2}   # see Optimizer.fused_kernel
 OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
@@ -178,10 +178,14 @@ class Optimizer:
             s.fill(0.0)
         self.t = 0
 
-    def step(self, grads, lr: float | None = None) -> None:
+    def step(self, grads, lr: float | None = None, grad_scale: float = 1.0) -> None:
         """One update of every parameter from ``grads`` (same total size and order as params).
-        lr: override the schedule for this step."""
+        lr: override the schedule for this step. grad_scale: the update uses ``grad_scale * grads``
+        (a factor applied inside the kernel, grads untouched; e.g. a clipping factor computed
+        elsewhere), which ``max_grad_norm`` then clips."""
         lr = self.schedule(self.t) if lr is None else _check_number("lr", lr, 0.0, math.inf)
+        if grad_scale != 1.0:
+            grad_scale = _check_number("grad_scale", grad_scale, 0.0, math.inf)
         if grads is self._last_grads:  # same object as last step: its segments are cached
             g, groups = self._last_split
         else:
@@ -194,12 +198,12 @@ class Optimizer:
                 groups = self._split(g)
             if isinstance(grads, np.ndarray) or hasattr(grads, "flat"):  # lists may be mutated: no cache
                 self._last_grads, self._last_split = grads, (g, groups)
-        gscale = 1.0
+        gscale = grad_scale
         if self.max_grad_norm > 0:
-            n = math.sqrt(sum(sum_squares(s) for s in g))
+            n = math.sqrt(sum(sum_squares(s) for s in g)) * grad_scale
             self.last_grad_norm = n
             if n > self.max_grad_norm:
-                gscale = self.max_grad_norm / (n + 1e-6)
+                gscale = grad_scale * self.max_grad_norm / (n + 1e-6)
         self.t += 1
         self.last_lr = lr
         wd = self.weight_decay
@@ -225,19 +229,24 @@ class Optimizer:
         """The kernel's scalars after (gscale, l2, decay) for step number t (1-based)."""
         raise NotImplementedError
 
-    def fused_args(self, lr: float) -> tuple:
-        """What :func:`qatlab.kernels.fused.train_step` needs to make this optimizer's next step:
-        ``(code, state0, state1, scalars)``: code 0 SGD, 1 momentum, 2 Adam; the state buffers
-        (float32 (n,), empty when unused); scalars float64 (8,) (a buffer reused by the next call) = max_grad_norm, l2, decay, then
-        the kernel's own (:meth:`_scalars` for step ``t + 1``, zero-padded). Changes nothing:
-        call :meth:`fused_done` once the kernel has updated."""
+    def fused_kernel(self) -> tuple:
+        """How :func:`qatlab.kernels.fused.train_step` makes this optimizer's steps:
+        ``(code, state0, state1)``: code 0 SGD, 1 momentum, 2 Adam, and the state buffers
+        (float32 (n,), empty when unused). See also :meth:`fused_scalars`, :meth:`fused_done`."""
+        states = [*self._state, _NO_STATE, _NO_STATE]
+        return _KERNEL_CODES[self._kernel()], states[0], states[1]
+
+    def fused_scalars(self, lr: float) -> np.ndarray:
+        """The kernel's scalars for the next step at learning rate ``lr``: float64 (8,) =
+        max_grad_norm, l2, decay, then :meth:`_scalars` for step ``t + 1`` (zero-padded). A buffer
+        that the next call overwrites; changes nothing else (see :meth:`fused_done`)."""
         wd = self.weight_decay
         decay, l2 = (1.0 - lr * wd, 0.0) if self.decoupled_weight_decay else (1.0, wd)
-        own = self._scalars(self.t + 1, lr)
-        scalars = self._fused_scalars
-        scalars[:3 + len(own)] = (self.max_grad_norm, l2, decay, *own)
-        states = [*self._state, _NO_STATE, _NO_STATE]
-        return _KERNEL_CODES[self._kernel()], states[0], states[1], scalars
+        sc = self._fused_scalars
+        sc[0], sc[1], sc[2] = self.max_grad_norm, l2, decay
+        for i, v in enumerate(self._scalars(self.t + 1, lr), 3):
+            sc[i] = v
+        return sc
 
     def fused_done(self, lr: float, grad_norm: float) -> None:
         """Bookkeeping of a step the fused kernel made: as :meth:`step` does (t, last_lr, and

@@ -140,6 +140,25 @@ def test_stages_stop_early():
         fused(x, **target)                                    # UPDATE needs an optimizer
 
 
+def test_stash_copies_the_gradient_and_clip_scales_the_update():
+    """stash + clip (phase training's backward step) = BACKWARD, copy + float64 sum of squares,
+    then opt.step(g, grad_scale=clip factor)."""
+    (m1, s1, g1, o1), (m2, s2, g2, o2) = _pair("adam")
+    fused1, fused2 = FusedStep(m1, s1, g1, o1), FusedStep(m2, s2, g2, o2)
+    stash = np.full(m2.num_params, np.nan, np.float32)
+    for x, target in _batches(4, "ce", seed=3):
+        fused1(x, **target, stage=BACKWARD)
+        g = g1.flat().astype(np.float64)
+        norm = np.sqrt(np.sum(g * g))
+        o1.step(g1.flat(), grad_scale=0.05 / (norm + 1e-6) if norm > 0.05 else 1.0)
+        fused2(x, **target, stash=stash, clip=0.05)
+        assert np.array_equal(stash, g2.flat()) and np.array_equal(g1.flat(), g2.flat())
+        assert fused2.stash_sumsq == pytest.approx(norm * norm, rel=1e-6)
+        assert np.array_equal(m1.flat_params(), m2.flat_params()) and o1.t == o2.t
+    with pytest.raises(ValueError, match="stash"):
+        fused2(x, **target, stash=np.zeros(3, np.float32))
+
+
 def test_non_finite_loss_updates_nothing():
     mlp, scratch, grads, opt = _pair("adam")[0]
     fused = FusedStep(mlp, scratch, grads, opt)

@@ -197,6 +197,29 @@ def test_optimizer_clipping_equals_clip_then_step_and_keeps_grads():
     np.testing.assert_allclose(p, q, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("cls", [SGD, Momentum, Adam])
+def test_grad_scale_equals_stepping_the_scaled_gradient(cls):
+    """step(g, grad_scale=s) is step(float32(s * g)), g untouched: bit for bit, and to rounding
+    when max_grad_norm then clips the scaled gradient; a bad scale is refused, changing nothing."""
+    p, grads = problem(steps=4)
+    q, p2, q2 = p.copy(), p.copy(), p.copy()
+    opt, ref = cls(p, lr=1e-2), cls(q, lr=1e-2)
+    clipping, ref_clipping = cls(p2, lr=1e-2, max_grad_norm=2.0), cls(q2, lr=1e-2, max_grad_norm=2.0)
+    for g in grads:
+        g0 = g.copy()
+        opt.step(g, grad_scale=0.3)
+        clipping.step(g, grad_scale=0.3)
+        ref.step(g0 * np.float32(0.3))
+        ref_clipping.step(g0 * np.float32(0.3))
+        assert np.array_equal(g, g0) and np.array_equal(p, q)
+        assert clipping.last_grad_norm == pytest.approx(ref_clipping.last_grad_norm, rel=1e-6)
+    np.testing.assert_allclose(p2, q2, rtol=1e-6)
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="grad_scale"):
+            opt.step(grads[0], grad_scale=bad)
+    assert opt.t == len(grads) and np.array_equal(p, q)
+
+
 @pytest.mark.parametrize("name, cls", [("sgd", SGD), ("momentum", Momentum), ("adam", Adam)])
 @pytest.mark.parametrize("schedule", ["constant", "step", "cosine"])
 def test_make_optimizer_from_config(name, cls, schedule):

@@ -248,6 +248,64 @@ def test_max_grad_norm_clips_real_and_predicted():
     assert small.get_stats().clipped_steps == 0
 
 
+def test_clip_scale_lets_the_caller_apply_the_clipping():
+    """clip_scale after record_full_gradients / get_predicted_gradients(clip=False) is the factor
+    gradients_for_update / get_predicted_gradients apply themselves."""
+    big = flat({k: v * F32(100) for k, v in grad_at(0).items()}).astype(F32)
+    a = PhaseTrainer(SHAPES, cfg(full_steps=2, predict_steps=2, correct_every=5, max_grad_norm=1.0))
+    b = PhaseTrainer(SHAPES, cfg(full_steps=2, predict_steps=2, correct_every=5, max_grad_norm=1.0))
+    for t in range(4):
+        info = a.begin_step()
+        b.begin_step()
+        if info.needs_backward:
+            g = big * F32(t + 1)
+            a.record_full_gradients(g)
+            b.record_full_gradients(g.copy())
+            clipped, raw = a.gradients_for_update(out=np.empty_like(g)), g
+        else:
+            clipped = a.get_predicted_gradients(out=np.empty_like(big))
+            raw = b.get_predicted_gradients(out=np.empty_like(big), clip=False)
+        assert b.clip_scale < 1.0
+        np.testing.assert_array_equal(raw * F32(b.clip_scale), clipped)
+        a.end_step(1.0), b.end_step(1.0)
+    assert a.get_stats().clipped_steps == b.get_stats().clipped_steps == 4
+
+
+def test_record_written_equals_record_full_gradients():
+    """A gradient written into real_gradient_buffer() and recorded with its sum of squares is
+    recorded exactly as record_full_gradients records it; misuse raises, recording nothing."""
+    a = PhaseTrainer(SHAPES, cfg(full_steps=3, predict_steps=6, correct_every=3, max_grad_norm=0.5))
+    b = PhaseTrainer(SHAPES, cfg(full_steps=3, predict_steps=6, correct_every=3, max_grad_norm=0.5))
+    for t in range(18):
+        info = a.begin_step()
+        b.begin_step()
+        if info.needs_backward:
+            g = flat(grad_at(t)).astype(F32)
+            a.record_full_gradients(g)
+            buf = b.real_gradient_buffer()
+            buf[:] = g
+            if t == 0:
+                with pytest.raises(ValueError, match="finite"):
+                    b.record_written(math.nan)
+            b.record_written(float(np.sum(g.astype(np.float64) ** 2)))
+            with pytest.raises(RuntimeError, match="already recorded"):
+                b.record_written(1.0)
+            np.testing.assert_array_equal(a.gradients_for_update(out=np.empty_like(g)),
+                                          b.gradients_for_update(out=np.empty_like(g)))
+        else:
+            with pytest.raises(RuntimeError, match="backward"):
+                b.record_written(1.0)
+            np.testing.assert_array_equal(a.get_predicted_gradients(out=np.empty(16, F32)),
+                                          b.get_predicted_gradients(out=np.empty(16, F32)))
+        a.end_step(1.0), b.end_step(1.0)
+    timing = {"backward_seconds": 0, "predict_seconds": 0, "wallclock_speedup": 0}
+    assert a.get_stats().to_dict() | timing == b.get_stats().to_dict() | timing
+    acc = PhaseTrainer(SHAPES, cfg(gradient_accumulation=2))
+    acc.begin_step()
+    with pytest.raises(RuntimeError, match="gradient_accumulation = 1"):
+        acc.record_written(1.0)
+
+
 def test_gradient_accumulation_averages_micro_batches():
     pt = PhaseTrainer(SHAPES, cfg(gradient_accumulation=3, max_grad_norm=0.0))
     pt.begin_step()

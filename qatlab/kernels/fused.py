@@ -21,13 +21,14 @@ from numba import njit
 from .dense import IDENTITY, act_backward_inplace, bias_act_inplace, mse, softmax_cross_entropy, sum_squares
 from .fakequant import ternary_backward, ternary_forward
 from .optim_kernels import _adam_kernel, _momentum_kernel, _sgd_kernel
+from .phase_kernels import copy_sum_squares
 
 FORWARD, BACKWARD, UPDATE = 0, 1, 2   # how far a step goes: loss only, + gradients, + optimizer update
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def train_step(x, labels, targets, stage, act, ternary, stes, alphas,
-               ws, bs, wqs, hs, ds, dws, dbs, opt, state0, state1, p, g, sc):
+               ws, bs, wqs, hs, ds, dws, dbs, opt, state0, state1, p, g, sc, stash, clip):
     """Forward, loss, and (stage >= BACKWARD) backward, (stage == UPDATE) optimizer update.
 
     x (B, in) float32; labels int64 (B,) for softmax cross-entropy, or targets (B, K) float32 for
@@ -35,12 +36,17 @@ def train_step(x, labels, targets, stage, act, ternary, stes, alphas,
     ternary[i] 1 = absmean ternary weights, 0 = float; stes[i] the ternary STE code; alphas[i]
     receives the layer's alpha; ws[i] latent W (out, in); bs[i] bias (out,); wqs[i] the weights
     used (out, in) (ws[i] itself for a float layer); hs[i] outputs (B, out); ds[i] deltas (B, out)
-    (ds[-1] receives dL/dy); dws[i], dbs[i] the gradients (views of g). opt: 0 SGD, 1 momentum,
-    2 Adam; state0/state1 its buffers; p, g the flat parameters and gradients (n,); sc float64 (8,)
-    from :meth:`qatlab.optim.Optimizer.fused_args`.
+    (ds[-1] receives dL/dy); dws[i], dbs[i] the gradients (views of g); p, g the flat parameters
+    and gradients (n,). opt (0 SGD, 1 momentum, 2 Adam), state0, state1 (its buffers): from
+    :meth:`qatlab.optim.Optimizer.fused_kernel`; sc float64 (8,): from its ``fused_scalars(lr)``.
+    stash: float32 (n,) or (0,): at stage UPDATE the gradient is first copied there and its sum of
+    squares s measured (:func:`~qatlab.kernels.phase_kernels.copy_sum_squares`); the update then
+    uses it times clip / (sqrt(s) + 1e-6) when clip > 0 and sqrt(s) > clip (no update if s is not
+    finite), and the optimizer's own clipping applies on top, as ``Optimizer.step(grad_scale=)``.
 
-    Returns (loss, gradient norm before clipping; NaN unless clipping is on). Stops after the
-    forward when an alpha or the loss is not finite (loss NaN): nothing else is written then.
+    Returns (loss, the optimizer's gradient norm before its clipping (NaN unless that is on), s;
+    NaN without a stash). Stops after the forward when an alpha or the loss is not finite (loss
+    NaN): nothing else is written then.
     """
     L = len(ws)
     a = x
@@ -48,7 +54,7 @@ def train_step(x, labels, targets, stage, act, ternary, stes, alphas,
         if ternary[i]:
             al = ternary_forward(ws[i].reshape(ws[i].size), wqs[i].reshape(wqs[i].size))
             if not np.isfinite(al):
-                return math.nan, math.nan
+                return math.nan, math.nan, math.nan
             alphas[i] = al
         np.dot(a, wqs[i].T, hs[i])
         bias_act_inplace(hs[i], bs[i], IDENTITY if i == L - 1 else act)
@@ -58,7 +64,7 @@ def train_step(x, labels, targets, stage, act, ternary, stes, alphas,
     else:
         loss = mse(hs[L - 1], targets, ds[L - 1])
     if stage == FORWARD or not np.isfinite(loss):
-        return loss, math.nan
+        return loss, math.nan, math.nan
     for i in range(L - 1, -1, -1):
         d = ds[i]
         act_backward_inplace(d, hs[i], IDENTITY if i == L - 1 else act, dbs[i])
@@ -69,16 +75,30 @@ def train_step(x, labels, targets, stage, act, ternary, stes, alphas,
         if i > 0:
             np.dot(d, wqs[i], ds[i - 1])
     if stage == BACKWARD:
-        return loss, math.nan
-    norm, gscale = math.nan, 1.0
+        return loss, math.nan, math.nan
+    gscale, sumsq = 1.0, math.nan
+    if stash.shape[0] > 0:
+        sumsq = copy_sum_squares(g, stash)
+        if not np.isfinite(sumsq):
+            return loss, math.nan, sumsq
+        if clip > 0 and math.sqrt(sumsq) > clip:
+            gscale = clip / (math.sqrt(sumsq) + 1e-6)
+    return loss, _update(opt, state0, state1, p, g, sc, gscale), sumsq
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _update(opt, state0, state1, p, g, sc, gscale):
+    """The optimizer step from gscale * g, clipped by its own max_grad_norm sc[0] as
+    ``Optimizer.step(grad_scale=gscale)`` does; returns that norm before its clipping (NaN if off)."""
+    norm = math.nan
     if sc[0] > 0:
-        norm = math.sqrt(sum_squares(g))
+        norm = math.sqrt(sum_squares(g)) * gscale
         if norm > sc[0]:
-            gscale = sc[0] / (norm + 1e-6)
+            gscale = gscale * sc[0] / (norm + 1e-6)
     if opt == 0:
         _sgd_kernel(p, g, gscale, sc[1], sc[2], sc[3])
     elif opt == 1:
         _momentum_kernel(p, g, state0, gscale, sc[1], sc[2], sc[3], sc[4])
     else:
         _adam_kernel(p, g, state0, state1, gscale, sc[1], sc[2], sc[3], sc[4], sc[5], sc[6], sc[7])
-    return loss, norm
+    return norm

@@ -200,8 +200,8 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
         phase = PhaseStepper(cfg.phase, mlp, scratch, grads, loss_fn, fused)
     rng = np.random.default_rng(cfg.optim.seed)
 
-    def update(flat_grads, real_gradient: bool):
-        opt.step(flat_grads)
+    def update(flat_grads, real_gradient: bool, grad_scale: float = 1.0):
+        opt.step(flat_grads, grad_scale=grad_scale)
         if lsq and real_gradient:  # LSQ scale gradients exist only after a real backward pass
             lsq.step()
 

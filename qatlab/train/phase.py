@@ -43,6 +43,11 @@ passes over the n floats besides the model's own work (copy + finiteness check +
 kernel, the block sum, the clipped copy handed out; the real gradient becomes the predictor's
 anchor by swapping buffers, not copying); a PREDICT step writes the prediction straight into
 the caller's array (one kernel that also returns its norm) and scales it there if clipped.
+A loop that owns its optimizer can skip the last pass of each: after one
+``record_full_gradients(flat)`` its own ``flat`` still holds the real gradient, and
+``get_predicted_gradients(flat, clip=False)`` leaves the prediction unscaled; either way
+:attr:`PhaseTrainer.clip_scale` is the factor to apply, e.g. as
+``optimizer.step(flat, grad_scale=pt.clip_scale)`` (what ``run_experiment`` does).
 
 Adaptive phases (``adaptive_phases``), applied when a cycle with a predict block ends, with
 L_F / L_P the mean measured loss over that cycle's FULL steps / predict block (steps ended with
@@ -268,6 +273,13 @@ class PhaseTrainer:
         return self._full_len, self._predict_len
 
     @property
+    def clip_scale(self) -> float:
+        """The ``max_grad_norm`` factor of the step's gradient not applied yet: after the last
+        ``record_full_gradients`` of a backward step (what :meth:`gradients_for_update` would
+        multiply by) or after ``get_predicted_gradients(flat, clip=False)``; 1.0 otherwise."""
+        return self._scale
+
+    @property
     def speedup_ratio(self) -> float:
         """total steps / backward steps (NaN before the first backward step)."""
         bwd = self._backward_steps()
@@ -424,6 +436,29 @@ class PhaseTrainer:
                 sumsq = sum_squares(self._real)
             self._finish_real_gradient(sumsq)
 
+    def real_gradient_buffer(self) -> np.ndarray:
+        """The flat float32 (n,) array (``layout`` order) the step's real gradient is recorded
+        into. A caller that writes the gradient there itself (a fused kernel that copies and
+        measures it while it updates: :class:`qatlab.fused.FusedStep` with ``stash=``) then calls
+        :meth:`record_written`. A different array from one step to the next: ask every step."""
+        return self._real
+
+    def record_written(self, sumsq: float) -> None:
+        """:meth:`record_full_gradients` for a gradient already written into
+        :meth:`real_gradient_buffer`, with its float64 sum of squares ``sumsq`` (only with
+        gradient_accumulation = 1). A non-finite ``sumsq`` raises ValueError, nothing recorded."""
+        self._require_step("record_written", backward=True)
+        if self._accumulation != 1:
+            raise RuntimeError("record_written: only with gradient_accumulation = 1")
+        if self._micro:
+            raise RuntimeError("record_written: the step's gradient is already recorded")
+        if not math.isfinite(sumsq):
+            self._layout.check_flat(self._real)          # raises, naming the parameter
+            raise ValueError(f"sumsq: must be finite, got {sumsq}")
+        self._micro = 1
+        self._micro_batches += 1
+        self._finish_real_gradient(sumsq)
+
     def _finish_real_gradient(self, sumsq: float) -> None:
         step = self._info.total_step
         correct = self._info.phase is TrainingPhase.CORRECT
@@ -483,11 +518,13 @@ class PhaseTrainer:
         self._write(self._out)
         return self._layout.copy_out(self._out, out)
 
-    def get_predicted_gradients(self, out: dict | np.ndarray | None = None) -> dict[str, np.ndarray] | np.ndarray:
+    def get_predicted_gradients(self, out: dict | np.ndarray | None = None,
+                                clip: bool = True) -> dict[str, np.ndarray] | np.ndarray:
         """The predicted gradient for this PREDICT step (correction included), clipped.
 
         With ``out`` a flat float32 (n,) array the prediction is written straight into it (and
-        clipped there); each call recomputes it (deterministic), the clipping counts once a step.
+        clipped there, unless ``clip`` is False: then multiply by :attr:`clip_scale` yourself);
+        each call recomputes it (deterministic), the clipping counts once a step.
         """
         self._require_step("get_predicted_gradients", backward=False)
         if isinstance(out, np.ndarray):    # predict straight into the caller's flat array
@@ -499,6 +536,8 @@ class PhaseTrainer:
         if self._pred_ready:
             self._clipped = clipped        # a repeated call: the step was counted once already
         self._pred_ready = True
+        if isinstance(out, np.ndarray) and not clip:
+            return out
         if self._scale != 1.0:             # clip in place: dst now holds what is handed out
             np.multiply(dst, np.float32(self._scale), out=dst)
             self._scale = 1.0

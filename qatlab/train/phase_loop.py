@@ -36,11 +36,15 @@ class PhaseStepper:
         self.trainer = PhaseTrainer(mlp.param_shapes(), cfg)
         self.k = cfg.gradient_accumulation
         self.mlp, self.scratch, self.grads, self.loss_fn = mlp, scratch, grads, loss_fn
-        self.fused = fused   # a FusedStep of mlp (or None): forward + loss (+ backward) in one call
+        self.fused = fused   # a FusedStep of mlp and its optimizer (or None); see step()
+        self.max_grad_norm = float(cfg.max_grad_norm)
         self._last_correction_step = -1
 
     def step(self, xb: np.ndarray, yb: np.ndarray, update, need_loss: bool = True) -> float | None:
-        """One step on the batch, then ``update(flat_grads, real_gradient)``; see the module doc.
+        """One step on the batch, then ``update(flat_grads, real_gradient, grad_scale)`` (grad_scale:
+        the max_grad_norm factor still to apply to flat_grads); see the module doc. With a
+        FusedStep and gradient_accumulation = 1, a backward step is one fused call that updates
+        through the FusedStep's optimizer (``update`` is not called).
 
         Returns the batch loss, or None for a PREDICT step when ``need_loss`` is False (no
         forward pass). A non-finite loss returns at once without updating and leaves the step
@@ -49,6 +53,15 @@ class PhaseStepper:
         info = self.trainer.begin_step()
         mlp, scratch, grads = self.mlp, self.scratch, self.grads
         flat = grads.flat()
+        if info.needs_backward and self.fused is not None and self.k == 1:
+            # one call: gradient, its copy into the trainer and norm, clipped update
+            loss = self.fused(xb, **self.loss_fn.fused(yb), stash=self.trainer.real_gradient_buffer(),
+                              clip=self.max_grad_norm)
+            if not math.isfinite(loss):
+                return loss
+            self.trainer.record_written(self.fused.stash_sumsq)
+            self.trainer.end_step(loss)
+            return loss
         if info.needs_backward:
             total = 0.0
             parts = ((xb, yb),) if self.k == 1 else zip(np.array_split(xb, self.k), np.array_split(yb, self.k))
@@ -64,7 +77,10 @@ class PhaseStepper:
                 self.trainer.record_full_gradients(flat)
                 total += loss * len(xm)
             loss = total / len(xb)
-            self.trainer.gradients_for_update(out=flat)
+            scale = self.trainer.clip_scale     # flat still holds the real gradient (k = 1) ...
+            if self.k > 1:                      # ... or the last micro-batch: take the clipped mean
+                self.trainer.gradients_for_update(out=flat)
+                scale = 1.0
         else:
             loss = None
             if need_loss and self.fused is not None:
@@ -73,8 +89,9 @@ class PhaseStepper:
                 loss = self.loss_fn(mlp.forward(xb, scratch), yb)
             if loss is not None and not math.isfinite(loss):
                 return loss
-            self.trainer.get_predicted_gradients(out=flat)
-        update(flat, info.needs_backward)
+            self.trainer.get_predicted_gradients(out=flat, clip=False)
+            scale = self.trainer.clip_scale
+        update(flat, info.needs_backward, scale)
         self.trainer.end_step(loss)
         return loss
 
