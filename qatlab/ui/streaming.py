@@ -11,7 +11,9 @@ four ColumnDataSources for the run:
     every training metric, streamed on every :data:`DETAIL_EVERY`-th tick (the rows of the ticks
     between wait in the RunStream): the browser applies each stream to every glyph drawn from the
     source and repaints its figure, and with four runs compared that is ~40 glyphs in six figures.
-    Measured with four runs compared: Chromium used 0.51-0.67 cores instead of 0.66-0.81.
+    Measured with four runs compared (Chromium on the same two cores as the server): streaming
+    them every tick, Chromium used 0.66-0.81 cores; every 2nd tick 0.51-0.67; every 4th tick, the
+    eval rows too, 0.39 (the page repaints 24 figures a second instead of 40).
     One row per logged training step: ``step``, ``epoch``, ``time``, ``loss``, ``lr``,
     ``steps_per_second``, ``active_grad_fraction``, per layer ``grad_norm_<i>``,
     ``noise_mse_<i>``, ``sqnr_db_<i>``, ``scale_<i>``, ``saturation_<i>``,
@@ -22,7 +24,8 @@ four ColumnDataSources for the run:
     ``<column>_s`` of every column in :data:`SMOOTHED`.
 ``eval-source-<run id>``  (``RunStream.eval``)
     one row per epoch: ``step``, ``epoch``, ``time``, ``test_loss``, ``test_accuracy``,
-    ``train_accuracy``, ``train_loss``.
+    ``train_accuracy``, ``train_loss``; streamed with the training source (a short epoch ends
+    several times a tick).
 ``phase-source-<run id>``  (``RunStream.phases``)
     one row per contiguous phase segment: ``left``/``right`` (steps), ``left_t``/``right_t``
     (seconds), ``phase`` (code), ``label``, ``color``.
@@ -56,8 +59,8 @@ from bokeh.models import ColumnDataSource
 from .figures import PHASE_COLORS, PHASE_NAMES
 
 DISPLAY_CAP = 2000
-#: The training sources (every metric) are streamed on every DETAIL_EVERY-th tick, the loss sources on every tick.
-DETAIL_EVERY = 2
+#: The training and eval sources are streamed on every DETAIL_EVERY-th tick (2.5 Hz), the loss sources on every tick.
+DETAIL_EVERY = 4
 EVAL_CAP = 10_000
 PHASE_CAP = 5000
 
@@ -199,6 +202,11 @@ class _Capped:
             self.source.stream(_payload({c: v[keep] for c, v in rows.items()}), rollover=self.cap)
 
 
+def _joined(batches: list[dict]) -> dict:
+    """One batch of the column dicts in ``batches`` (same keys), in order."""
+    return batches[0] if len(batches) == 1 else {c: np.concatenate([b[c] for b in batches]) for c in batches[0]}
+
+
 class RunStream:
     """One session's view of one run: cursor into the run's log and its four sources.
 
@@ -218,6 +226,7 @@ class RunStream:
         self.loss = ColumnDataSource(_empty(LOSS_COLUMNS), name=f"loss-source-{run.id}")
         self._train_cap, self._loss_cap = _Capped(self.train, cap), _Capped(self.loss, cap)
         self._pending: list[dict] = []   # training rows read but not yet in self.train
+        self._pending_eval: list[dict] = []   # eval rows read but not yet in self.eval
         self.eval = ColumnDataSource(_empty(EVAL_COLUMNS), name=f"eval-source-{run.id}")
         self.phases = ColumnDataSource(_empty(["left", "right", "left_t", "right_t", "phase", "label", "color"]),
                                        name=f"phase-source-{run.id}")
@@ -231,7 +240,8 @@ class RunStream:
     @property
     def exhausted(self) -> bool:
         """The run is done and every row it logged is in the sources."""
-        return self.run.done and self.cursor >= self.run.log.total_rows and not self._pending
+        return (self.run.done and self.cursor >= self.run.log.total_rows and not self._pending
+                and not self._pending_eval)
 
     @property
     def stride(self) -> int:
@@ -239,8 +249,8 @@ class RunStream:
         return self._train_cap.stride
 
     def pull(self, every_metric: bool = True) -> int:
-        """Read new rows from the run's log and stream them: eval and loss rows at once, the
-        training rows (and phase segments) only with ``every_metric``, else kept for a later pull.
+        """Read new rows from the run's log and stream them: loss rows at once, the training and
+        eval rows (and phase segments) only with ``every_metric``, else kept for a later pull.
         Returns the number of rows read."""
         log = self.run.log
         n = 0
@@ -252,17 +262,18 @@ class RunStream:
             nan = np.full(n, np.nan)
             is_eval = np.isfinite(batch.get("test_loss", nan)) | np.isfinite(batch.get("test_accuracy", nan))
             if is_eval.any():
-                self.eval.stream(_payload({c: batch.get(c, nan)[is_eval] for c in EVAL_COLUMNS}),
-                                 rollover=EVAL_CAP)
+                self._pending_eval.append({c: batch.get(c, nan)[is_eval] for c in EVAL_COLUMNS})
             train = ~is_eval
             if train.any():
                 rows = self._with_smoothing({c: batch.get(c, nan)[train] for c in self.columns})
                 self._loss_cap.stream({c: rows[c] for c in LOSS_COLUMNS})
                 self._pending.append(rows)
+        if every_metric and self._pending_eval:
+            self.eval.stream(_payload(_joined(self._pending_eval)), rollover=EVAL_CAP)
+            self._pending_eval = []
         if every_metric and self._pending:
-            pending, self._pending = self._pending, []
-            rows = pending[0] if len(pending) == 1 else {c: np.concatenate([p[c] for p in pending])
-                                                         for c in pending[0]}
+            rows = _joined(self._pending)
+            self._pending = []
             self._train_cap.stream(rows)
             if "phase" in rows:
                 self._stream_phases(rows["step"], rows["time"], rows["phase"])

@@ -132,31 +132,35 @@ def test_stream_pull_grows_sources_and_splits_eval_rows():
     assert len(rs.train.data["loss"]) == 35 and rs.train.data["step"][-1] == 35
 
 
-def test_loss_streams_every_tick_and_every_metric_every_second_tick():
-    """The periodic tick streams loss rows at once; the training rows wait for the next full tick
-    (DETAIL_EVERY = 2) and then arrive all together, phase segments included."""
+def test_loss_streams_every_tick_the_rest_every_detail_tick():
+    """The periodic tick streams loss rows at once; training and eval rows wait for the next full
+    tick (every DETAIL_EVERY-th: 2.5 Hz) and then arrive all together, phase segments included."""
     from qatlab.ui.streaming import DETAIL_EVERY
-    assert DETAIL_EVERY == 2
+    assert DETAIL_EVERY == 4
     run = ql.Run(small_config(phase=True))
     hub = StreamHub()
     rs = hub.stream(run)
     ticks = []
-    for start in (1, 6, 11):
-        for s in range(start, start + 5):
+    for t in range(DETAIL_EVERY + 1):
+        for s in range(1 + 5 * t, 6 + 5 * t):
             run.log.append({"step": s, "time": 0.1 * s, "loss": 1.0 / s, "phase": 1 + (s > 7)})
+        run.log.append({"step": 5 + 5 * t, "test_loss": 0.5, "test_accuracy": 0.9})
         full = hub.tick_is_full()
         hub.pull(every_metric=full)
-        ticks.append((full, len(rs.loss.data["k"]), len(rs.train.data["k"]), len(rs.phases.data["left"])))
-    assert ticks == [(True, 5, 5, 1), (False, 10, 5, 1), (True, 15, 15, 2)]
-    np.testing.assert_array_equal(rs.train.data["k"], np.arange(15))
+        ticks.append((full, len(rs.loss.data["k"]), len(rs.train.data["k"]), len(rs.eval.data["step"]),
+                      len(rs.phases.data["left"])))
+    assert ticks == [(True, 5, 5, 1, 1), (False, 10, 5, 1, 1), (False, 15, 5, 1, 1), (False, 20, 5, 1, 1),
+                     (True, 25, 25, 5, 2)]
+    np.testing.assert_array_equal(rs.train.data["k"], np.arange(25))
     np.testing.assert_array_equal(rs.loss.data["loss_s"], rs.train.data["loss_s"])
+    run.log.append({"step": 26, "test_loss": 0.4, "test_accuracy": 0.95})
     from types import SimpleNamespace
     rs.run = SimpleNamespace(done=True, log=run.log, config=run.config, id=run.id)   # the run ends
-    run.log.append({"step": 16, "time": 1.6, "loss": 0.1, "phase": 2})
+    run.log.append({"step": 26, "time": 2.6, "loss": 0.1, "phase": 2})
     hub.pull(every_metric=False)
-    assert not rs.exhausted                  # its last training row still waits
+    assert not rs.exhausted                  # its last training and eval rows still wait
     hub.pull()
-    assert rs.exhausted and len(rs.train.data["k"]) == 16
+    assert rs.exhausted and len(rs.train.data["k"]) == 26 and len(rs.eval.data["step"]) == 6
 
 
 def test_stream_decimates_long_histories():
