@@ -37,8 +37,10 @@ phase run with the same step counts could reach given component costs measured i
 (forward+loss, backward, optimizer, predictor, metrics row; see the components table).
 
 Goals (issue 4), per phase configuration on digits: measured wall-clock speedup >= 1.5x AND test
-accuracy within 1 percentage point of full backprop. The defaults are the issue's goal; the other
-configurations are judged by the same rule. Nothing is tuned to meet them. ``--quick``: digits
+accuracy within 1 percentage point of full backprop, as the mean difference over the optimizer
+seeds 0 and :data:`SEEDS` (each trained once more with full backprop and each phase configuration;
+a third table per seed). The defaults are the issue's goal; the other configurations are judged by
+the same rule. Nothing is tuned to meet them. ``--quick``: digits
 only, 8 epochs, labelled quick in every goal line.
 """
 from __future__ import annotations
@@ -72,6 +74,12 @@ RUN_REPEATS = 3           # default of run_phase_bench; the suite uses opts.repe
 
 GOAL_WALL_X = 1.5         # measured wall-clock speedup over full backprop
 GOAL_ACC_PP = 1.0         # |test accuracy - full backprop| in percentage points
+#: Optimizer seeds (weight init and batch order) besides the config's own 0 that every goal
+#: workload's phase rows and full backprop are also trained with, once each: the accuracy goal
+#: uses the mean difference over all of them (one seed alone decided it before; it was the
+#: luckiest of five for the defaults).
+SEEDS = (1, 2, 3, 4)
+QUICK_SEEDS = (1,)
 
 
 # ----------------------------------------------------------------------------- what runs
@@ -383,16 +391,47 @@ def _verdict(row: dict) -> str | None:
 
 
 def _judge(row: dict) -> bool:
-    return bool(row["wall_speedup"] >= GOAL_WALL_X and abs(row["acc_delta_pp"]) <= GOAL_ACC_PP)
+    """Wall clock (seed 0 medians) and accuracy: the mean difference over the seeds when measured."""
+    acc = row.get("acc_delta_seeds_pp", row["acc_delta_pp"])
+    return bool(row["wall_speedup"] >= GOAL_WALL_X and abs(acc) <= GOAL_ACC_PP)
+
+
+def _seed_rows(wl: Workload, vs: Sequence[Variant], seeds: Sequence[int], rows: list[dict],
+               progress: Callable[[str], None] | None) -> list[dict]:
+    """Train the baseline and every phase variant once per extra seed; per phase row, the accuracy
+    difference per seed (seed 0 from ``rows``), their mean and the worst; also stored in ``rows``."""
+    acc: dict[str, dict[int, float]] = {}
+    for v in vs:
+        if v.kind not in ("baseline", "phase"):
+            continue
+        acc[v.key] = {}
+        for seed in seeds:
+            if progress:
+                progress(f"{wl.key}: {v.label}, seed {seed}")
+            cfg = variant_config(wl.config, v)
+            cfg.optim.seed = seed
+            acc[v.key][seed] = train_once(cfg)["test_accuracy"]
+    base = acc[vs[0].key]
+    out = []
+    for v, row in zip(vs, rows):
+        if v.kind != "phase":
+            continue
+        deltas = [row["acc_delta_pp"]] + [100.0 * (acc[v.key][sd] - base[sd]) for sd in seeds]
+        row["acc_delta_seeds_pp"] = statistics.fmean(deltas)
+        row["acc_delta_worst_pp"] = min(deltas)
+        out.append({"label": v.label, **{f"seed_{sd}": d for sd, d in zip((0, *seeds), deltas)},
+                    "mean": row["acc_delta_seeds_pp"], "worst": row["acc_delta_worst_pp"]})
+    return out
 
 
 def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeats: int = RUN_REPEATS,
-                    variants: Sequence[Variant] = VARIANTS, warmup_epochs: int = 1,
+                    variants: Sequence[Variant] = VARIANTS, warmup_epochs: int = 1, seeds: Sequence[int] = (),
                     quick: bool = False, progress: Callable[[str], None] | None = None) -> SuiteResult:
     """Train every variant of every workload ``repeats`` times (interleaved), build tables and goals.
 
     ``opts`` sets the component micro-benchmark (repeats, warmup, min_time); ``warmup_epochs`` 0
-    skips the untimed warm-up trainings. Returns the :class:`SuiteResult` the harness prints.
+    skips the untimed warm-up trainings; ``seeds``: extra optimizer seeds for the accuracy goal of
+    goal workloads (see :data:`SEEDS`). Returns the :class:`SuiteResult` the harness prints.
     """
     if repeats < 1:
         raise ValueError(f"repeats: must be >= 1, got {repeats}")
@@ -433,11 +472,20 @@ def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeat
                               if v.phase is not None else None)
             row["ideal_speedup"] = _ideal_speedup(costs, row["steps"], row["backward_passes"],
                                                   row["predictor"] or "momentum", wl.config.metrics_every)
+        seed_rows = _seed_rows(wl, vs, seeds, rows, progress) if wl.goal and seeds else []
+        for row, v in zip(rows, vs):
             row["goal_passed"] = _judge(row) if v.kind == "phase" else None
             row["verdict"] = _verdict(row)
         tables.append(Table(f"{wl.label}: phase training vs full backprop (medians of {repeats} interleaved "
                             f"runs{tag})", RESULT_COLUMNS, rows))
         tables.append(Table(f"{wl.label}: where the time goes (the median repeat{tag})", TIME_COLUMNS, rows))
+        if seed_rows:
+            tables.append(Table(f"{wl.label}: test accuracy minus full backprop's, pp, per optimizer seed "
+                                f"(one run each; seed 0 = the table above){tag}",
+                                [Column("label", "configuration"),
+                                 *[Column(f"seed_{sd}", f"seed {sd}", "{:+.2f}") for sd in (0, *seeds)],
+                                 Column("mean", "mean", "{:+.2f}"), Column("worst", "worst", "{:+.2f}")],
+                                seed_rows))
         step_ms = costs["forward_loss"] + costs["backward"] + costs["optimizer"]
         comp = {"workload": wl.key, **{f"{k}_ms": 1e3 * s for k, s in costs.items()},
                 "backward_share": costs["backward"] / step_ms if step_ms > 0 else math.nan,
@@ -449,14 +497,17 @@ def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeat
         for row in rows:
             if row["kind"] != "phase":
                 continue
+            seeds_txt = (f"; over {len(seeds) + 1} seeds {row['acc_delta_seeds_pp']:+.1f} pp mean, "
+                         f"{row['acc_delta_worst_pp']:+.1f} pp worst" if "acc_delta_seeds_pp" in row else "")
             measured = (f"{row['wall_speedup']:.2f}x wall-clock (trainer estimate {row['wall_estimate']:.2f}x, "
                         f"{row['step_speedup']:.2f}x fewer backward passes), {row['acc_delta_pp']:+.1f} pp accuracy "
-                        f"({row['test_accuracy_pct']:.1f}% vs {base['test_accuracy_pct']:.1f}%), "
+                        f"({row['test_accuracy_pct']:.1f}% vs {base['test_accuracy_pct']:.1f}%{seeds_txt}), "
                         f"prediction cosine {row['cosine']:+.2f}")
             name = f"{row['label']} on {wl.key}{tag}"
             if wl.goal:
                 goals.append(Goal(name, row["goal_passed"], measured,
-                                  f"wall-clock >= {GOAL_WALL_X:.1f}x and |Δacc| <= {GOAL_ACC_PP:.0f} pp"))
+                                  f"wall-clock >= {GOAL_WALL_X:.1f}x and |Δacc| <= {GOAL_ACC_PP:.0f} pp"
+                                  + (" (mean over the seeds)" if "acc_delta_seeds_pp" in row else "")))
             else:
                 notes.append(f"{row['verdict']} (no goal on this workload; digits rule applied) {name}: {measured}")
         notes.extend(_why(wl, rows, costs, tag))
@@ -523,4 +574,5 @@ def _why(wl: Workload, rows: list[dict], costs: dict[str, float], tag: str) -> l
 @suite("phase", description="phase training vs full backprop: accuracy, backward passes, measured wall clock")
 def run(opts: BenchOptions) -> SuiteResult:
     """Run the phase suite (see the module docstring) and return its tables and goals."""
-    return run_phase_bench(default_workloads(opts.quick), opts, repeats=opts.repeats, quick=opts.quick)
+    return run_phase_bench(default_workloads(opts.quick), opts, repeats=opts.repeats, quick=opts.quick,
+                           seeds=QUICK_SEEDS if opts.quick else SEEDS)
