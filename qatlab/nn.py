@@ -226,7 +226,7 @@ class Mlp:
         """Output (B, K) float32 for x (B, in), B <= scratch.batch_size: a view into ``scratch``,
         valid until the next forward with it. x is converted to float32 if needed (a copy).
 
-        Per layer: ``h = a @ W.T`` (NumPy BLAS; row blocks on several cores when large, see
+        Per layer: ``h = a @ W.T`` (NumPy BLAS; column blocks on several cores when large, see
         :mod:`qatlab.parallel`) then one fused bias + activation kernel.
         """
         x_in = x
