@@ -32,6 +32,7 @@ __all__ = ["FusedStep", "unsupported_reason", "FORWARD", "BACKWARD", "UPDATE"]
 _NO_LABELS = np.zeros(0, np.int64)
 _NO_STATE = np.zeros(0, np.float32)
 _NO_SCALARS = np.zeros(8)
+_STAGES = (FORWARD, BACKWARD, UPDATE)
 
 
 def unsupported_reason(mlp, scratch, opt=None) -> str | None:
@@ -118,6 +119,10 @@ class FusedStep:
             if targets.shape != (B, mlp.sizes[-1]):
                 raise ValueError(f"targets: expected shape {(B, mlp.sizes[-1])}, got {targets.shape}")
             labels = _NO_LABELS
+        if stage not in _STAGES:
+            raise ValueError(f"stage: expected FORWARD (0), BACKWARD (1) or UPDATE (2), got {stage!r}")
+        if clip != 0.0 and not 0.0 < clip < math.inf:
+            raise ValueError(f"clip: expected 0 (off) or a finite number > 0, got {clip!r}")
         hs, ds = self._batch_rows(B)
         if stage == UPDATE:
             if opt is None:

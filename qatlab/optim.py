@@ -34,9 +34,9 @@ from .kernels.dense import scale_inplace, sum_squares
 from .kernels.optim_kernels import _adam_kernel, _momentum_kernel, _sgd_kernel
 
 SCHEDULES = ("constant", "step", "cosine")
+OPTIMIZERS = ("sgd", "momentum", "adam")
 _NO_STATE = np.zeros(0, np.float32)
 _KERNEL_CODES = {_sgd_kernel: 0, _momentum_kernel: 1, _adam_kernel: 2}   # see Optimizer.fused_kernel
-OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
 # -- helpers ------------------------------------------------------------------------------------

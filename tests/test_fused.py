@@ -173,6 +173,7 @@ def test_bad_input_is_refused():
     mlp, scratch, grads, opt = _pair("adam")[0]
     fused = FusedStep(mlp, scratch, grads, opt)
     x, target = next(_batches(1, "ce"))
+    params = mlp.flat_params().copy()
     with pytest.raises(ValueError, match="labels, targets"):
         fused(x)
     with pytest.raises(ValueError, match="labels, targets"):
@@ -185,7 +186,12 @@ def test_bad_input_is_refused():
         fused(x, targets=np.zeros((len(x), 2), np.float32))
     with pytest.raises(ValueError, match="x"):
         fused(np.zeros((CAP + 1, SIZES[0]), np.float32), labels=np.zeros(CAP + 1, np.int64))
-    assert opt.t == 0
+    with pytest.raises(ValueError, match="stage"):
+        fused(x, **target, stage=3)
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="clip"):
+            fused(x, **target, clip=bad)
+    assert opt.t == 0 and np.array_equal(mlp.flat_params(), params)
 
 
 def test_what_it_does_not_cover():
