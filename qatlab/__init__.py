@@ -20,6 +20,7 @@ from .quant import (FakeQuantize, MinMaxObserver, MovingAverageMinMaxObserver, T
 from . import data
 from .runs import Run, RunResult, compare_ste, run_experiment, start_ste_comparison
 from .nn import Gradients, Mlp, Scratch
+from .fused import FusedStep
 from .ternary_mlp import TernaryMLP
 from .train.ste import QatResult, SteTrainer
 from .train.phase import PhaseTrainer, StepInfo, TrainerStats, TrainingPhase, make_phase_trainer
