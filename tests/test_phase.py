@@ -248,15 +248,22 @@ def test_max_grad_norm_clips_real_and_predicted():
     assert small.get_stats().clipped_steps == 0
 
 
+def twin_steps(n: int, **kw):
+    """Two trainers of one config stepped together: yields (t, info, a, b) for t < n, with
+    end_step(1.0) on both after each."""
+    a, b = PhaseTrainer(SHAPES, cfg(**kw)), PhaseTrainer(SHAPES, cfg(**kw))
+    for t in range(n):
+        info = a.begin_step()
+        b.begin_step()
+        yield t, info, a, b
+        a.end_step(1.0), b.end_step(1.0)
+
+
 def test_clip_scale_lets_the_caller_apply_the_clipping():
     """clip_scale after record_full_gradients / get_predicted_gradients(clip=False) is the factor
     gradients_for_update / get_predicted_gradients apply themselves."""
     big = flat({k: v * F32(100) for k, v in grad_at(0).items()}).astype(F32)
-    a = PhaseTrainer(SHAPES, cfg(full_steps=2, predict_steps=2, correct_every=5, max_grad_norm=1.0))
-    b = PhaseTrainer(SHAPES, cfg(full_steps=2, predict_steps=2, correct_every=5, max_grad_norm=1.0))
-    for t in range(4):
-        info = a.begin_step()
-        b.begin_step()
+    for t, info, a, b in twin_steps(4, full_steps=2, predict_steps=2, correct_every=5, max_grad_norm=1.0):
         if info.needs_backward:
             g = big * F32(t + 1)
             a.record_full_gradients(g)
@@ -267,18 +274,13 @@ def test_clip_scale_lets_the_caller_apply_the_clipping():
             raw = b.get_predicted_gradients(out=np.empty_like(big), clip=False)
         assert b.clip_scale < 1.0
         np.testing.assert_array_equal(raw * F32(b.clip_scale), clipped)
-        a.end_step(1.0), b.end_step(1.0)
     assert a.get_stats().clipped_steps == b.get_stats().clipped_steps == 4
 
 
 def test_record_written_equals_record_full_gradients():
     """A gradient written into real_gradient_buffer() and recorded with its sum of squares is
     recorded exactly as record_full_gradients records it; misuse raises, recording nothing."""
-    a = PhaseTrainer(SHAPES, cfg(full_steps=3, predict_steps=6, correct_every=3, max_grad_norm=0.5))
-    b = PhaseTrainer(SHAPES, cfg(full_steps=3, predict_steps=6, correct_every=3, max_grad_norm=0.5))
-    for t in range(18):
-        info = a.begin_step()
-        b.begin_step()
+    for t, info, a, b in twin_steps(18, full_steps=3, predict_steps=6, correct_every=3, max_grad_norm=0.5):
         if info.needs_backward:
             g = flat(grad_at(t)).astype(F32)
             a.record_full_gradients(g)
@@ -297,7 +299,6 @@ def test_record_written_equals_record_full_gradients():
                 b.record_written(1.0)
             np.testing.assert_array_equal(a.get_predicted_gradients(out=np.empty(16, F32)),
                                           b.get_predicted_gradients(out=np.empty(16, F32)))
-        a.end_step(1.0), b.end_step(1.0)
     timing = {"backward_seconds": 0, "predict_seconds": 0, "wallclock_speedup": 0}
     assert a.get_stats().to_dict() | timing == b.get_stats().to_dict() | timing
     acc = PhaseTrainer(SHAPES, cfg(gradient_accumulation=2))
