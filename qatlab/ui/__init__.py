@@ -13,8 +13,8 @@ Stable Bokeh model names, for ``Bokeh.documents[0].get_model_by_name(name)`` in 
 
 - sources (one set per shown run and session): ``loss-source-<run id>`` (training rows, loss only:
   ``step``, ``time``, ``loss``, ``loss_s`` (EMA), streamed every tick), ``train-source-<run id>``
-  (training rows, every metric: ``loss``, per-layer metrics, phase columns, ...; every fourth tick),
-  ``eval-source-<run id>`` (epoch rows: ``test_loss``, ``test_accuracy``, ...; every fourth tick),
+  (training rows, every metric: ``loss``, per-layer metrics, phase columns, ...; every tenth tick),
+  ``eval-source-<run id>`` (epoch rows: ``test_loss``, ``test_accuracy``, ...; every tenth tick),
   ``phase-source-<run id>`` (phase segments); histogram sources ``hist-latent-layer<i>`` and
   ``hist-quant-layer<i>`` (see :mod:`qatlab.ui.streaming` for the columns);
 - figures: ``fig-loss``, ``fig-accuracy``, ``fig-speedup``; ``fig-ste-loss``, ``fig-ste-accuracy``,

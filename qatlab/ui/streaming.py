@@ -11,9 +11,10 @@ four ColumnDataSources for the run:
     every training metric, streamed on every :data:`DETAIL_EVERY`-th tick (the rows of the ticks
     between wait in the RunStream): the browser applies each stream to every glyph drawn from the
     source and repaints its figure, and with four runs compared that is ~40 glyphs in six figures.
-    Measured with four runs compared (Chromium on the same two cores as the server): streaming
-    them every tick, Chromium used 0.66-0.81 cores; every 2nd tick 0.51-0.67; every 4th tick, the
-    eval rows too, 0.39 (the page repaints 24 figures a second instead of 40).
+    Measured with four runs compared (Chromium on the same two cores as the server, which
+    the training then lacks): streaming them every tick, Chromium used 0.66-0.81 cores; every 2nd
+    tick 0.51-0.67; every 4th tick, the eval rows too, 0.39-0.41; every 10th (1 Hz) 0.34-0.36.
+    Each of the four small multiples costs Chromium ~13 ms a refresh whatever its point count.
     One row per logged training step: ``step``, ``epoch``, ``time``, ``loss``, ``lr``,
     ``steps_per_second``, ``active_grad_fraction``, per layer ``grad_norm_<i>``,
     ``noise_mse_<i>``, ``sqnr_db_<i>``, ``scale_<i>``, ``saturation_<i>``,
@@ -59,8 +60,8 @@ from bokeh.models import ColumnDataSource
 from .figures import PHASE_COLORS, PHASE_NAMES
 
 DISPLAY_CAP = 2000
-#: The training and eval sources are streamed on every DETAIL_EVERY-th tick (2.5 Hz), the loss sources on every tick.
-DETAIL_EVERY = 4
+#: The training and eval sources are streamed on every DETAIL_EVERY-th tick (1 Hz), the loss sources on every tick.
+DETAIL_EVERY = 10
 EVAL_CAP = 10_000
 PHASE_CAP = 5000
 

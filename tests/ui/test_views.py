@@ -134,9 +134,9 @@ def test_stream_pull_grows_sources_and_splits_eval_rows():
 
 def test_loss_streams_every_tick_the_rest_every_detail_tick():
     """The periodic tick streams loss rows at once; training and eval rows wait for the next full
-    tick (every DETAIL_EVERY-th: 2.5 Hz) and then arrive all together, phase segments included."""
+    tick (every DETAIL_EVERY-th: 1 Hz) and then arrive all together, phase segments included."""
     from qatlab.ui.streaming import DETAIL_EVERY
-    assert DETAIL_EVERY == 4
+    assert DETAIL_EVERY == 10
     run = ql.Run(small_config(phase=True))
     hub = StreamHub()
     rs = hub.stream(run)
@@ -149,18 +149,19 @@ def test_loss_streams_every_tick_the_rest_every_detail_tick():
         hub.pull(every_metric=full)
         ticks.append((full, len(rs.loss.data["k"]), len(rs.train.data["k"]), len(rs.eval.data["step"]),
                       len(rs.phases.data["left"])))
-    assert ticks == [(True, 5, 5, 1, 1), (False, 10, 5, 1, 1), (False, 15, 5, 1, 1), (False, 20, 5, 1, 1),
-                     (True, 25, 25, 5, 2)]
-    np.testing.assert_array_equal(rs.train.data["k"], np.arange(25))
+    n = 5 * (DETAIL_EVERY + 1)
+    assert ticks == ([(True, 5, 5, 1, 1)] + [(False, 5 * (t + 1), 5, 1, 1) for t in range(1, DETAIL_EVERY)]
+                     + [(True, n, n, DETAIL_EVERY + 1, 2)])
+    np.testing.assert_array_equal(rs.train.data["k"], np.arange(n))
     np.testing.assert_array_equal(rs.loss.data["loss_s"], rs.train.data["loss_s"])
-    run.log.append({"step": 26, "test_loss": 0.4, "test_accuracy": 0.95})
+    run.log.append({"step": n + 1, "test_loss": 0.4, "test_accuracy": 0.95})
     from types import SimpleNamespace
     rs.run = SimpleNamespace(done=True, log=run.log, config=run.config, id=run.id)   # the run ends
-    run.log.append({"step": 26, "time": 2.6, "loss": 0.1, "phase": 2})
+    run.log.append({"step": n + 1, "time": 0.1 * (n + 1), "loss": 0.1, "phase": 2})
     hub.pull(every_metric=False)
     assert not rs.exhausted                  # its last training and eval rows still wait
     hub.pull()
-    assert rs.exhausted and len(rs.train.data["k"]) == 26 and len(rs.eval.data["step"]) == 6
+    assert rs.exhausted and len(rs.train.data["k"]) == n + 1 and len(rs.eval.data["step"]) == DETAIL_EVERY + 2
 
 
 def test_stream_decimates_long_histories():
