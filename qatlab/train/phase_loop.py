@@ -51,29 +51,16 @@ class PhaseStepper:
         open: the run ends as diverged (call ``trainer.reset()`` to reuse the trainer).
         """
         info = self.trainer.begin_step()
-        mlp, scratch, grads = self.mlp, self.scratch, self.grads
-        flat = grads.flat()
         if info.needs_backward and self.fused is not None and self.k == 1:
-            # one call: gradient, its copy into the trainer and norm, clipped update
-            loss = self.fused(xb, **self.loss_fn.fused(yb), stash=self.trainer.real_gradient_buffer(),
-                              clip=self.max_grad_norm)
-            if not math.isfinite(loss):
-                return loss
-            self.trainer.record_written(self.fused.stash_sumsq)
-            self.trainer.end_step(loss)
-            return loss
+            return self._fused_backward_step(xb, yb)
+        flat = self.grads.flat()
         if info.needs_backward:
             total = 0.0
             parts = ((xb, yb),) if self.k == 1 else zip(np.array_split(xb, self.k), np.array_split(yb, self.k))
             for xm, ym in parts:
-                if self.fused is not None:
-                    loss = self.fused(xm, **self.loss_fn.fused(ym), stage=BACKWARD)
-                else:
-                    loss = self.loss_fn(mlp.forward(xm, scratch), ym, grads.d_output_mut())
+                loss = self._loss(xm, ym, backward=True)
                 if not math.isfinite(loss):
                     return loss
-                if self.fused is None:
-                    mlp.backward(xm, scratch, grads, need_input_grad=False)
                 self.trainer.record_full_gradients(flat)
                 total += loss * len(xm)
             loss = total / len(xb)
@@ -82,17 +69,35 @@ class PhaseStepper:
                 self.trainer.gradients_for_update(out=flat)
                 scale = 1.0
         else:
-            loss = None
-            if need_loss and self.fused is not None:
-                loss = self.fused(xb, **self.loss_fn.fused(yb), stage=FORWARD)
-            elif need_loss:
-                loss = self.loss_fn(mlp.forward(xb, scratch), yb)
+            loss = self._loss(xb, yb, backward=False) if need_loss else None
             if loss is not None and not math.isfinite(loss):
                 return loss
             self.trainer.get_predicted_gradients(out=flat, clip=False)
             scale = self.trainer.clip_scale
         update(flat, info.needs_backward, scale)
         self.trainer.end_step(loss)
+        return loss
+
+    def _loss(self, x, y, backward: bool) -> float:
+        """The batch loss; with ``backward`` also its gradient in ``grads`` (unless not finite)."""
+        if self.fused is not None:
+            return self.fused(x, **self.loss_fn.fused(y), stage=BACKWARD if backward else FORWARD)
+        mlp, scratch, grads = self.mlp, self.scratch, self.grads
+        if not backward:
+            return self.loss_fn(mlp.forward(x, scratch), y)
+        loss = self.loss_fn(mlp.forward(x, scratch), y, grads.d_output_mut())
+        if math.isfinite(loss):
+            mlp.backward(x, scratch, grads, need_input_grad=False)
+        return loss
+
+    def _fused_backward_step(self, xb, yb) -> float:
+        """A backward step in one FusedStep call: the gradient, its copy into the trainer with its
+        norm, and the update clipped to max_grad_norm."""
+        loss = self.fused(xb, **self.loss_fn.fused(yb), stash=self.trainer.real_gradient_buffer(),
+                          clip=self.max_grad_norm)
+        if math.isfinite(loss):
+            self.trainer.record_written(self.fused.stash_sumsq)
+            self.trainer.end_step(loss)
         return loss
 
     def metrics(self) -> dict:
