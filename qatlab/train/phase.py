@@ -47,7 +47,9 @@ A loop that owns its optimizer can skip the last pass of each: after one
 ``record_full_gradients(flat)`` its own ``flat`` still holds the real gradient, and
 ``get_predicted_gradients(flat, clip=False)`` leaves the prediction unscaled; either way
 :attr:`PhaseTrainer.clip_scale` is the factor to apply, e.g. as
-``optimizer.step(flat, grad_scale=pt.clip_scale)`` (what ``run_experiment`` does).
+``optimizer.step(flat, grad_scale=pt.clip_scale)`` (what ``run_experiment`` does; for a model a
+:class:`~qatlab.fused.FusedStep` covers, a backward step is one fused call that writes the
+gradient into :meth:`PhaseTrainer.real_gradient_buffer` itself, see :meth:`~PhaseTrainer.record_written`).
 
 Adaptive phases (``adaptive_phases``), applied when a cycle with a predict block ends, with
 L_F / L_P the mean measured loss over that cycle's FULL steps / predict block (steps ended with

@@ -382,7 +382,7 @@ class StreamHub:
     def pull(self, run_ids=None, every_metric: bool = True) -> int:
         """Stream new rows of every run (or only of ``run_ids``); returns the rows read.
 
-        ``every_metric`` False streams only eval and loss rows (the training rows wait, see
+        ``every_metric`` False streams only loss rows (the training and eval rows wait, see
         :meth:`RunStream.pull`); the periodic tick passes :meth:`tick_is_full`. Runs left out keep
         their cursor and catch up on a later pull. Bokeh's per-stream property validation (a full
         pass over every column) is skipped: the batches are built here from numpy columns of
