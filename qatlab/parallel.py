@@ -1,7 +1,7 @@
 """Big array work split across the cores: slices of one operation run in parallel threads.
 
 The Numba kernels are ``nogil`` and NumPy's BLAS releases the GIL, so slices of one large
-element-wise kernel (ranges of elements) or matrix product (column blocks) run at the same time
+element-wise kernel (ranges of elements) or matrix product (row or column blocks) run at the same time
 on a shared thread pool; each slice writes its own part of ``out``, so nothing is reduced across
 threads. Only work above a
 size threshold is split: every layer of the small models trained here stays on the calling
@@ -11,9 +11,10 @@ them, so a run stays deterministic on one machine.
 
 Measured on 2 cores (``python -m qatlab.bench fakequant`` / ``train``): fake-quantizing 16M
 float32 elements 9.8 -> 7.3 ms; an Adam step over 803k parameters 442 -> 269 us;
-``(256, 784) @ (784, 1024)`` 2.83 ms on one thread, 1.74 ms as two row blocks, 1.52 ms as two
-column blocks, and ``(1024, 256) @ (256, 784)`` 2.65 / 1.60 / 1.50 ms: a row block packs all of
-``b`` again in each thread, a column block only its share of it (and all of the smaller ``a``).
+``x @ W.T`` for (256, 784) @ (784, 1024) 2.83 ms on one thread, 1.51 ms as two row blocks, 1.38 ms
+as two column blocks, and ``dY.T @ x`` for (1024, 256) @ (256, 784) 2.65 / 1.30 / 1.45 ms: the
+block that wins is the one over the operand stored transposed (a column block of ``W.T`` is a
+contiguous block of rows of ``W``).
 """
 from __future__ import annotations
 
@@ -95,14 +96,36 @@ def elementwise(kernel, arrays, scalars, out=None) -> None:
     split_rows(lambda lo, hi: kernel(*(a[lo:hi] for a in arrays), *scalars, *(t[lo:hi] for t in tail)), n, parts)
 
 
+def sum_slices(kernel, x: np.ndarray) -> float:
+    """``kernel(x)`` for a kernel returning a float64 sum over x (n,): when n >= MIN_ELEMENTS, the
+    sum of ``kernel`` over slices of x computed in parallel, added in slice order. The slices
+    depend only on n and the core count, so the result does too; it can differ from one call in
+    the last bits of the float64 sum."""
+    n = x.shape[0]
+    parts = cores() if n >= MIN_ELEMENTS else 1
+    if parts < 2:
+        return kernel(x)
+    partial = {}
+    split_rows(lambda lo, hi: partial.__setitem__(lo, kernel(x[lo:hi])), n, parts)
+    return sum(partial[lo] for lo in sorted(partial))
+
+
 def dot(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``out = a @ b`` for a (M, K), b (K, N), out (M, N) float32 C-contiguous; split into column
-    blocks of ``b``/``out`` (``np.matmul`` writes a block of out in place) when M*K*N >= MIN_MACS
-    and N allows at least 32 columns a block. A split product can differ from one ``np.dot`` in
-    the last bits (BLAS blocks differently)."""
-    n = b.shape[1]
-    parts = min(cores(), n // 32) if a.shape[0] * a.shape[1] * n >= MIN_MACS else 1
+    """``out = a @ b`` for a (M, K), b (K, N), out (M, N) float32, out C-contiguous; split when
+    M*K*N >= MIN_MACS into blocks of at least 32 columns of ``b``/``out`` when ``b`` is a
+    transposed weight (F-contiguous: the forward ``x @ W.T``), else into blocks of at least 32 rows
+    of ``a``/``out`` (the gradient products ``dY.T @ x`` and ``dY @ W``); ``np.matmul`` writes each
+    block of out in place. A split product can differ from one ``np.dot`` in the last bits (BLAS
+    blocks differently)."""
+    m, n = a.shape[0], b.shape[1]
+    if m * a.shape[1] * n < MIN_MACS:
+        return np.dot(a, b, out=out)
+    by_columns = b.flags.f_contiguous and not b.flags.c_contiguous
+    parts = min(cores(), (n if by_columns else m) // 32)
     if parts < 2:
         return np.dot(a, b, out=out)
-    split_rows(lambda lo, hi: np.matmul(a, b[:, lo:hi], out=out[:, lo:hi]), n, parts)
+    if by_columns:
+        split_rows(lambda lo, hi: np.matmul(a, b[:, lo:hi], out=out[:, lo:hi]), n, parts)
+    else:
+        split_rows(lambda lo, hi: np.matmul(a[lo:hi], b, out=out[lo:hi]), m, parts)
     return out

@@ -560,11 +560,20 @@ def ternary_dequantize(trits, alpha: float) -> np.ndarray:
     return trits.astype(np.float32) * np.float32(alpha)
 
 
+def _ternary_alpha(wv: np.ndarray) -> np.float32:
+    """max(float32(mean|w|), eps) of w float32 (n,), n > 0 (NaN if w holds NaN/inf); the float64
+    sum is taken in slices on the cores when w is large (:func:`qatlab.parallel.sum_slices`), the
+    same way in training (TernaryQuantizer.forward) and in finalize (ternary_quantize)."""
+    if wv.shape[0] < parallel.MIN_ELEMENTS:
+        return K.ternary_alpha(wv)
+    return K.alpha_of_abs_sum(parallel.sum_slices(K.abs_sum, wv), wv.shape[0])
+
+
 def _absmean(w: np.ndarray) -> float:
-    alpha = float(np.float32(K.abs_mean(w.reshape(-1))))
+    alpha = float(_ternary_alpha(w.reshape(-1)))
     if not math.isfinite(alpha):
         raise ValueError("w: contains NaN or inf; cannot compute the absmean scale")
-    return max(alpha, FLOAT32_EPS)
+    return alpha
 
 
 class TernaryQuantizer(param.Parameterized):
@@ -606,8 +615,8 @@ class TernaryQuantizer(param.Parameterized):
         wv, outv = w.reshape(-1), out.reshape(-1)
         if w.size < parallel.MIN_ELEMENTS:
             alpha = K.ternary_forward(wv, outv)
-        else:  # the scale on one thread (a split sum would change its bits), the projection split
-            alpha = K.ternary_alpha(wv)
+        else:  # the scale from slice sums, the projection in slices
+            alpha = _ternary_alpha(wv)
             if math.isfinite(alpha):
                 f32 = np.float32
                 scalars = (f32(1.0) / alpha, alpha, f32(0.0), f32(-1.0), f32(1.0))

@@ -251,6 +251,24 @@ def test_abs_mean(rng):
     x = rng.standard_normal(10001).astype(F32)
     assert math.isclose(K.abs_mean(x), math.fsum(np.abs(x.astype(np.float64))) / x.size, rel_tol=1e-13)
     assert K.abs_mean(np.empty(0, F32)) == 0.0
+    assert math.isclose(K.abs_sum(x), math.fsum(np.abs(x.astype(np.float64))), rel_tol=1e-13)
+    assert K.abs_sum(np.empty(0, F32)) == 0.0
+    assert K.alpha_of_abs_sum(K.abs_sum(x), x.size) == K.ternary_alpha(x) == np.float32(K.abs_mean(x))
+    assert K.alpha_of_abs_sum(0.0, 5) == np.float32(np.finfo(np.float32).eps)
+    assert np.isnan(K.alpha_of_abs_sum(np.inf, 5))
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_sum_slices_adds_the_slice_sums_in_order(rng, force_split, parts):
+    from qatlab import parallel
+    x = rng.standard_normal(10001).astype(F32)
+    calls = force_split(parts, MIN_ELEMENTS=1000)
+    total = parallel.sum_slices(K.abs_sum, x)
+    assert calls == [(x.size, parts)]
+    bounds = [x.size * k // parts for k in range(parts + 1)]
+    assert total == sum(K.abs_sum(x[lo:hi]) for lo, hi in zip(bounds, bounds[1:]))
+    assert math.isclose(total, math.fsum(np.abs(x.astype(np.float64))), rel_tol=1e-13)
+    assert parallel.sum_slices(K.abs_sum, x[:999]) == K.abs_sum(x[:999]) and calls == [(x.size, parts)]
 
 
 def test_minmax(rng):

@@ -504,8 +504,9 @@ def test_training_step_does_not_allocate_arrays():
 
 @pytest.mark.parametrize("parts", [2, 3])
 def test_large_products_split_across_cores_match_one_thread(force_split, parts):
-    """Above parallel.MIN_MACS the dense products run as column blocks on several threads; the
-    forward, the gradients and dL/dx agree with the one-thread products to float32 rounding."""
+    """Above parallel.MIN_MACS the dense products run as blocks on several threads (column blocks
+    of ``x @ W.T``, row blocks of the gradient products); the forward, the gradients and dL/dx
+    agree with the one-thread products to float32 rounding."""
     from qatlab import parallel
     sizes = [40, 96, 7]
     mlp = Mlp(sizes, activation="relu", seed=11)
@@ -514,9 +515,9 @@ def test_large_products_split_across_cores_match_one_thread(force_split, parts):
     y1, loss1, g1, dx1 = step(mlp, x, "xent", labels, None)
     splits = force_split(parts, MIN_MACS=1)
     y2, loss2, g2, dx2 = step(mlp, x, "xent", labels, None)
-    # 96 output columns: layer 0's forward, dW1 (7 x 96) and d_prev (70 x 96); 7 (layer 1's
-    # forward) and 40 (dW0, dx) columns are too few to split
-    assert splits == [(96, min(parts, 3))] * 3
+    # layer 0's forward: 96 columns of W0.T; backward: dW1 = dY.T @ h has 7 rows (too few to
+    # split), d_prev = dY @ W1 70 rows (2 blocks of >= 32), dW0 = dH.T @ x 96 rows, dx 70 rows
+    assert splits == [(96, min(parts, 3)), (70, 2), (96, min(parts, 3)), (70, 2)]
     np.testing.assert_allclose(y2, y1, rtol=1e-5, atol=1e-6)
     assert loss2 == pytest.approx(loss1, rel=1e-6)
     np.testing.assert_allclose(g2.flat(), g1.flat(), rtol=1e-5, atol=1e-7)

@@ -854,13 +854,15 @@ def test_split_across_cores_is_bit_identical(rng, force_split, kind, parts):
 
 
 def test_ternary_projection_of_a_big_tensor_is_split_with_the_same_bits(rng, force_split):
-    """A ternary weight of >= parallel.MIN_ELEMENTS: alpha on one thread, the projection in slices."""
+    """A ternary weight of >= parallel.MIN_ELEMENTS: alpha from float64 sums of slices, the
+    projection in slices; finalize's ternary_quantize computes the same alpha."""
     w = rng.normal(0, 0.05, (101, 99)).astype(F32)
     tq = ql.TernaryQuantizer()
     y1, a1 = tq.forward(w).copy(), tq.alpha
     calls = force_split(2, MIN_ELEMENTS=1000)
     y2 = tq.forward(w)
-    assert [p for _, p in calls] == [2] and tq.alpha == a1 and np.array_equal(y1, y2)
+    assert [p for _, p in calls] == [2, 2] and tq.alpha == a1 and np.array_equal(y1, y2)
+    assert ql.ternary_quantize(w)[1] == tq.alpha
     alpha = np.float32(np.abs(w.astype(np.float64)).mean())
     assert np.array_equal(y2, alpha * np.clip(np.rint(w * (F32(1) / alpha)), -1, 1))
     w[3, 4] = np.nan

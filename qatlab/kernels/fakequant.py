@@ -218,15 +218,20 @@ def fq_lsq_scale_grad_pc(x, g, inv_s, zp, qmin, qmax, out):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "nsz"})
-def abs_mean(x):
-    """mean(|x|) over x float32 (n,), summed in float64; 0.0 for empty x. `reassoc` lets LLVM
-    vectorise the sum (its order is fixed by the compiled code: deterministic on one machine);
-    NaN/inf still propagate."""
-    n = x.shape[0]
+def abs_sum(x):
+    """sum(|x|) over x float32 (n,), in float64. `reassoc` lets LLVM vectorise the sum (its order is
+    fixed by the compiled code: deterministic on one machine); NaN/inf still propagate."""
     total = 0.0
-    for i in range(n):
+    for i in range(x.shape[0]):
         total += abs(np.float64(x[i]))
-    return total / n if n else 0.0
+    return total
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def abs_mean(x):
+    """mean(|x|) over x float32 (n,): :func:`abs_sum` / n; 0.0 for empty x."""
+    n = x.shape[0]
+    return abs_sum(x) / n if n else 0.0
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "nsz"})
@@ -291,7 +296,14 @@ def ternary_trits(w, inv_alpha, out):
 @njit(cache=True, nogil=True, error_model="numpy")
 def ternary_alpha(w):
     """Absmean scale alpha = max(float32(mean|w|), eps) of w float32 (n,); NaN if w holds NaN/inf."""
-    alpha = np.float32(abs_mean(w))
+    return alpha_of_abs_sum(abs_sum(w), w.shape[0])
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def alpha_of_abs_sum(total, n):
+    """The absmean scale max(float32(total / n), eps) from total = sum|w| (float64) of n > 0
+    elements; NaN when total is NaN/inf."""
+    alpha = np.float32(total / n)
     if not np.isfinite(alpha):
         return np.float32(np.nan)
     eps = np.float32(1.1920928955078125e-07)
