@@ -13,9 +13,11 @@ Configurations (rows): full backprop (``phase.enabled = False``); phase with the
 defaults (momentum predictor, adaptive phases); least_squares; momentum and least_squares with
 ``adaptive_phases=False``; a control -- the phase loop with ``predict_steps=0`` (every step a real
 backward pass, clipped to ``max_grad_norm``), which shows the loop's own overhead and the effect
-of the default clipping without any prediction; and, on digits, a diagnostic row with
+of the default clipping without any prediction; and, on digits, two diagnostic rows:
 ``prediction.momentum = 0`` (each predicted step reuses the last real gradient plus the learned
-correction), which separates "stale gradient" from "extrapolation" in the prediction cosine.
+correction), which separates "stale gradient" from "extrapolation" in the prediction cosine, and
+``prediction.learned_gain = False`` (the predictions applied unscaled), which shows what the
+learned gain does for accuracy.
 
 Each configuration is trained ``--repeats`` times (7; quick: 3), interleaved round-robin after one untimed
 1-epoch warm-up of each, through ``ql.Run`` (= ``ql.run_experiment`` plus access to the run's
@@ -38,8 +40,8 @@ phase run with the same step counts could reach given component costs measured i
 
 Goals (issue 4), per phase configuration on digits: measured wall-clock speedup >= 1.5x AND test
 accuracy within 1 percentage point of full backprop, as the mean difference over the optimizer
-seeds 0 and :data:`SEEDS` (each trained once more with full backprop and each phase configuration;
-a third table per seed). The defaults are the issue's goal; the other configurations are judged by
+seeds 0 and :data:`SEEDS` (each trained once more with full backprop and each phase and diagnostic
+configuration; a third table per seed, diagnostics reported, not judged). The defaults are the issue's goal; the other configurations are judged by
 the same rule. Nothing is tuned to meet them. ``--quick``: digits
 only, 8 epochs, labelled quick in every goal line.
 """
@@ -120,6 +122,8 @@ VARIANTS: tuple[Variant, ...] = (
             {"predictor": "least_squares", "adaptive_phases": False}),
     Variant("control", "control: predict_steps=0", {"predict_steps": 0}, kind="control"),
     Variant("diag_m0", "diagnostic: momentum=0", {"prediction.momentum": 0.0}, kind="diagnostic",
+            workloads=("digits",)),
+    Variant("diag_nogain", "diagnostic: learned_gain off", {"prediction.learned_gain": False}, kind="diagnostic",
             workloads=("digits",)),
 )
 
@@ -319,6 +323,7 @@ def _row(workload: Workload, variant: Variant, cfg: C.ExperimentConfig, results:
         "corrections": ps.get("corrections", 0) if phase_on else 0,
         "correction_resets": ps.get("correction_resets", 0) if phase_on else 0,
         "clipped_steps": ps.get("clipped_steps", 0) if phase_on else 0,
+        "prediction_gain_end": ps.get("prediction_gain", math.nan) if phase_on else math.nan,
         "full_length_end": ps.get("full_length") if phase_on else None,
         "predict_length_end": ps.get("predict_length") if phase_on else None,
         "loss_full": mean_loss.get("full", math.nan), "loss_predict": mean_loss.get("predict", math.nan),
@@ -402,7 +407,7 @@ def _seed_rows(wl: Workload, vs: Sequence[Variant], seeds: Sequence[int], rows: 
     difference per seed (seed 0 from ``rows``), their mean and the worst; also stored in ``rows``."""
     acc: dict[str, dict[int, float]] = {}
     for v in vs:
-        if v.kind not in ("baseline", "phase"):
+        if v.kind not in ("baseline", "phase", "diagnostic"):
             continue
         acc[v.key] = {}
         for seed in seeds:
@@ -414,7 +419,7 @@ def _seed_rows(wl: Workload, vs: Sequence[Variant], seeds: Sequence[int], rows: 
     base = acc[vs[0].key]
     out = []
     for v, row in zip(vs, rows):
-        if v.kind != "phase":
+        if v.kind not in ("phase", "diagnostic"):
             continue
         deltas = [row["acc_delta_pp"]] + [100.0 * (acc[v.key][sd] - base[sd]) for sd in seeds]
         row["acc_delta_seeds_pp"] = statistics.fmean(deltas)
@@ -549,12 +554,19 @@ def _why(wl: Workload, rows: list[dict], costs: dict[str, float], tag: str) -> l
            f"{d['cosine']:+.3f} with the real one (median {d['cosine_median']:+.3f}, positive in "
            f"{_pct(d['cosine_pos_share']) if d['cosine_n'] else '-'} of {d['cosine_n']} logged corrections, "
            f"relative error {d['prediction_error']:.2f}); mean loss FULL {d['loss_full']:.3f} vs predict "
-           f"{d['loss_predict']:.3f} vs CORRECT {d['loss_correct']:.3f}; phases adapted to F/P = {d['lengths']}"]
+           f"{d['loss_predict']:.3f} vs CORRECT {d['loss_correct']:.3f}; phases adapted to F/P = {d['lengths']}; "
+           f"learned gain at the end {d['prediction_gain_end']:.2f}"]
     m0 = by.get("diag_m0")
     if m0 is not None:
         out.append(f"why ({wl.key}{tag}): reusing the last real gradient (momentum=0) gives cosine "
                    f"{m0['cosine']:+.3f} and {m0['acc_delta_pp']:+.1f} pp, so stale gradients, not only the "
                    f"extrapolation, point away from the real gradient")
+    ng = by.get("diag_nogain")
+    if ng is not None and "acc_delta_seeds_pp" in ng:
+        out.append(f"why ({wl.key}{tag}): without the learned gain the defaults' predictions are applied as they "
+                   f"are: {ng['acc_delta_seeds_pp']:+.1f} pp mean over the seeds (worst "
+                   f"{ng['acc_delta_worst_pp']:+.1f} pp) vs {d.get('acc_delta_seeds_pp', d['acc_delta_pp']):+.1f} pp "
+                   f"with it, {ng['wall_speedup']:.2f}x wall-clock")
     ctrl = by.get("control")
     if ctrl is not None:
         out.append(f"why ({wl.key}{tag}): the phase loop without prediction (control) runs at "

@@ -145,6 +145,10 @@ class PredictionConfig(_Config):
                                       "the learned correction decays by this factor per step."))
     residual_threshold = param.Number(default=0.5, bounds=(0.0, None), doc=(
         "Relative prediction error above which the learned residual is reset."))
+    learned_gain = param.Boolean(default=True, doc=(
+        "Scale every prediction by its least-squares gain measured on the correct steps so far, "
+        "clamp(sum a.p / sum p.p, 0, 1) (1 before the first): predictions that do not point "
+        "where the real gradients go shrink towards zero instead of pushing the weights."))
 
 
 class TernaryConfig(_Config):

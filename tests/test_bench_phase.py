@@ -70,6 +70,9 @@ def test_variant_config_applies_overrides_only():
     assert ls.phase.predictor == "least_squares" and ls.phase.adaptive_phases is False
     assert by["diag_m0"].applies_to(bench_phase.digits_workload())
     assert not by["diag_m0"].applies_to(tiny_workload())
+    nogain = bench_phase.variant_config(base, by["diag_nogain"])
+    assert nogain.phase.prediction.learned_gain is False and base.phase.prediction.learned_gain is True
+    assert by["diag_nogain"].kind == "diagnostic" and not by["diag_nogain"].applies_to(tiny_workload())
 
 
 def test_goal_rule():

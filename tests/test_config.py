@@ -42,7 +42,7 @@ def test_phase_defaults_match_issue():
             p.max_grad_norm, p.adaptive_phases, p.loss_threshold, p.predictor) == (
         0, 10, 40, 10, 1, 1.0, True, 0.1, "momentum")
     assert p.prediction.to_dict() == {"history_size": 5, "momentum": 0.9, "correction_weight": 0.5,
-                                      "history_decay": 0.95, "residual_threshold": 0.5}
+                                      "history_decay": 0.95, "residual_threshold": 0.5, "learned_gain": True}
     assert p.ternary.to_dict() == {"accumulation_steps": 8, "ternary_threshold": 0.5,
                                    "stochastic_rounding": True, "seed": 0}
     assert p.vsa.to_dict() == {"dimension": 8192, "compression_ratio": 0.1, "seed": 42}

@@ -415,7 +415,7 @@ def test_phase_mode_columns_schedule_and_backward_passes():
     assert res.status == "finished", res.message
     h = res.history
     assert {"phase", "backward_passes", "speedup_steps", "speedup_wall", "pred_error", "pred_cosine",
-            "full_len", "predict_len"} <= set(h)
+            "pred_gain", "full_len", "predict_len"} <= set(h)
     assert set(res.final) == FINAL_KEYS | FINAL_EXTRAS | PHASE_FINAL_EXTRAS
     tr = train_rows(h)
     step = h["step"][tr].astype(int)
@@ -434,6 +434,10 @@ def test_phase_mode_columns_schedule_and_backward_passes():
     assert step[corrected].tolist() == [20, 30, 40, 50]
     assert np.array_equal(corrected, np.isfinite(h["pred_cosine"][tr]))
     assert (np.abs(h["pred_cosine"][tr][corrected]) <= 1 + 1e-9).all()
+    # the learned gain is 1 until the first correction and changes only with one
+    gain = h["pred_gain"][tr]
+    assert (gain[step < 20] == 1.0).all() and ((gain >= 0) & (gain <= 1)).all()
+    assert set(step[np.flatnonzero(np.diff(gain)) + 1]) <= {20, 30, 40, 50}
     assert (h["full_len"][tr] == 10).all() and (h["predict_len"][tr] == 40).all()
     stats = log.meta["phase_stats"]
     assert stats["backward_passes"] == 24

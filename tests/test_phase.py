@@ -20,7 +20,10 @@ SHAPES = [("w", (3, 4)), ("b", (4,))]
 
 
 def cfg(**kw) -> PhaseConfig:
+    """A PhaseConfig for these tests: adaptation off and, unless given, the learned gain off (the
+    formula tests check the predictions themselves; the gain has its own tests)."""
     pred = kw.pop("prediction", {})
+    pred.setdefault("learned_gain", False)
     kw.setdefault("adaptive_phases", False)
     return PhaseConfig(prediction=PredictionConfig(**pred), **kw)
 
@@ -466,6 +469,31 @@ def test_wall_clock_accounting(monkeypatch):
     assert pt.step_metrics()["wallclock_speedup"] == s.wallclock_speedup
 
 
+def test_learned_gain_scales_what_is_handed_out_and_clipping_sees_the_scaled_norm():
+    """PREDICT steps hand out gain * prediction (then clipped); the gain is 1 until the first
+    correction and moves only with one; a real gradient opposite to the prediction makes it 0."""
+    kw = dict(full_steps=1, predict_steps=2, correct_every=2, max_grad_norm=0.05, prediction={"momentum": 0.0})
+    gained = PhaseTrainer(SHAPES, cfg(**{**kw, "prediction": {"momentum": 0.0, "learned_gain": True}}))
+    raw = PhaseTrainer(SHAPES, cfg(**kw))
+    g0 = grad_at(0)
+    for pt in (gained, raw):
+        step(pt, grads=g0)                                   # F
+    (info, g), (_, g_raw) = step(gained), step(raw)          # P: the anchor, gain 1, clipped to 0.05
+    assert info.phase is P and np.linalg.norm(g) == pytest.approx(0.05, rel=1e-4)
+    np.testing.assert_array_equal(g, g_raw)
+    opposite = {k: -v for k, v in g0.items()}
+    for pt in (gained, raw):
+        step(pt, grads=opposite)                             # C: real = -prediction
+    assert gained.get_stats().prediction_gain == gained.step_metrics()["prediction_gain"] == 0.0
+    assert raw.get_stats().prediction_gain == 1.0
+    for pt in (gained, raw):
+        step(pt, grads=g0)                                   # F
+    (info, g), (_, g_raw) = step(gained), step(raw)          # P
+    assert info.phase is P and not g.any() and g_raw.any()
+    gained.reset()
+    assert gained.get_stats().prediction_gain == 1.0
+
+
 def test_stats_losses_bytes_and_metrics():
     pt = PhaseTrainer(SHAPES, cfg(warmup_steps=1, full_steps=1, predict_steps=2, correct_every=2))
     assert math.isnan(pt.step_metrics()["phase"])
@@ -479,7 +507,8 @@ def test_stats_losses_bytes_and_metrics():
     assert pt.get_stats().accumulator_bytes == acc.nbytes > 0 and pt.get_stats().compressor_bytes == comp.nbytes > 0
     m = pt.step_metrics()
     assert set(m) == {"phase", "backward_passes", "step_speedup", "wallclock_speedup", "prediction_error",
-                      "prediction_cosine", "grad_norm", "full_length", "predict_length"}
+                      "prediction_cosine", "prediction_gain", "grad_norm", "full_length", "predict_length"}
+    assert m["prediction_gain"] == s.prediction_gain == 1.0          # learned_gain off here
     assert m["phase"] == 3.0 and m["backward_passes"] == 3.0 and m["step_speedup"] == pytest.approx(4 / 3)
     assert m["prediction_error"] == pt.last_correction.relative_error
     assert all(isinstance(v, float) for v in m.values())

@@ -307,6 +307,27 @@ def test_correction_weight_zero_learns_nothing(rng):
     assert not np.any(p.correction)
 
 
+def test_learned_gain_is_the_clamped_least_squares_scale_over_all_corrections(rng):
+    """gain = clamp(sum a.p / sum p.p, 0, 1) over every fold since reset; 1 before the first."""
+    p = MomentumPredictor(64, cfg(learned_gain=True))
+    off = MomentumPredictor(64, cfg(learned_gain=False))
+    assert p.gain == off.gain == 1.0
+    num = den = 0.0
+    for t, scale in enumerate((0.3, -2.0, 0.5, 4.0, 0.1), 1):
+        pred = vec(rng)
+        actual = (scale * pred + 0.5 * vec(rng)).astype(F32)
+        for q in (p, off):
+            q.fold(actual, pred, t)
+        a64, p64 = actual.astype(np.float64), pred.astype(np.float64)
+        num, den = num + a64 @ p64, den + p64 @ p64
+        assert p.gain == pytest.approx(min(max(num / den, 0.0), 1.0), rel=1e-12)
+    assert off.gain == 1.0
+    p.fold(vec(rng), np.zeros(64, F32), 9)               # p = 0 adds nothing
+    assert p.gain == pytest.approx(min(max(num / den, 0.0), 1.0), rel=1e-12)
+    p.reset()
+    assert p.gain == 1.0
+
+
 def test_fold_degenerate_vectors():
     p = MomentumPredictor(4, cfg(residual_threshold=1e9))
     z = np.zeros(4, F32)

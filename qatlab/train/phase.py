@@ -25,15 +25,15 @@ Per step, in a training loop (``k`` = gradient_accumulation micro-batches)::
             pt.record_full_gradients(grads_of(mb))   # real gradients; the mean of k is used
         g = pt.gradients_for_update()             # clipped real gradient
     else:                                         # PREDICT: no backward pass
-        g = pt.get_predicted_gradients()          # prediction + learned correction, clipped
+        g = pt.get_predicted_gradients()          # gain * (prediction + learned correction), clipped
     optimizer.step(g)
     pt.end_step(loss)
 
 Every real gradient (mean of the k micro-batches) becomes the predictor's anchor; the real
 gradients of each WARMUP run and each FULL run form one block whose mean is a trend entry of
 the predictor (CORRECT gradients open no block). On CORRECT steps the prediction for that step
-is compared with the real gradient first and the error is folded into the correction (see
-:mod:`qatlab.train.predictors` for the formulas). ``max_grad_norm`` > 0
+is compared with the real gradient first and the error is folded into the correction and the
+gain that scales every prediction handed out (see :mod:`qatlab.train.predictors` for the formulas). ``max_grad_norm`` > 0
 clips every gradient handed out to global norm <= max_grad_norm (factor
 max_grad_norm / (norm + 1e-6) when norm > max_grad_norm, as torch.nn.utils.clip_grad_norm_);
 the predictor keeps the unclipped gradient.
@@ -139,7 +139,9 @@ class TrainerStats:
 
     Step counts are of completed steps; ``backward_passes`` = warmup + full + correct steps;
     ``micro_batches`` = real gradients recorded. ``mean_loss`` maps phase labels to the mean
-    loss over those steps whose loss was measured (NaN if none). Prediction error / cosine are means over corrections.
+    loss over those steps whose loss was measured (NaN if none). Prediction error / cosine are means
+    over corrections (of the predictions before the gain); ``prediction_gain`` is the gain that
+    scales the predictions handed out now (1.0 without ``learned_gain``).
     """
 
     total_steps: int = 0
@@ -161,6 +163,7 @@ class TrainerStats:
     correction_resets: int = 0
     mean_prediction_error: float = _NAN
     mean_prediction_cosine: float = _NAN
+    prediction_gain: float = 1.0
     clipped_steps: int = 0
     predictor_bytes: int = 0
     accumulator_bytes: int = 0
@@ -522,7 +525,8 @@ class PhaseTrainer:
 
     def get_predicted_gradients(self, out: dict | np.ndarray | None = None,
                                 clip: bool = True) -> dict[str, np.ndarray] | np.ndarray:
-        """The predicted gradient for this PREDICT step (correction included), clipped.
+        """The predicted gradient for this PREDICT step (correction included) times the
+        predictor's learned gain (:mod:`qatlab.train.predictors`), clipped.
 
         With ``out`` a flat float32 (n,) array the prediction is written straight into it (and
         clipped there, unless ``clip`` is False: then multiply by :attr:`clip_scale` yourself);
@@ -534,7 +538,9 @@ class PhaseTrainer:
         else:
             dst = self._out
         clipped = self._clipped
-        self._set_clip(dst, self._predictor.predict_sumsq(self._info.total_step, dst))
+        gain = self._predictor.gain        # handed out: gain * prediction, then clipped
+        self._set_clip(dst, self._predictor.predict_sumsq(self._info.total_step, dst) * gain * gain)
+        self._scale *= gain
         if self._pred_ready:
             self._clipped = clipped        # a repeated call: the step was counted once already
         self._pred_ready = True
@@ -626,6 +632,7 @@ class PhaseTrainer:
             corrections=n_corr, correction_resets=self._corr_resets,
             mean_prediction_error=self._corr_err / n_corr if n_corr else _NAN,
             mean_prediction_cosine=self._corr_cos / n_corr if n_corr else _NAN,
+            prediction_gain=self._predictor.gain,
             clipped_steps=self._clipped, predictor_bytes=self._predictor.nbytes,
             accumulator_bytes=self._accumulator.nbytes if self._accumulator is not None else 0,
             compressor_bytes=self._compressor.nbytes if self._compressor is not None else 0)
@@ -644,6 +651,7 @@ class PhaseTrainer:
             "wallclock_speedup": self.wallclock_speedup(),
             "prediction_error": last.relative_error if last else _NAN,
             "prediction_cosine": last.cosine if last else _NAN,
+            "prediction_gain": self._predictor.gain,
             "grad_norm": self._last_norm,
             "full_length": float(self._full_len),
             "predict_length": float(self._predict_len),

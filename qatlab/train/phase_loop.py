@@ -26,7 +26,8 @@ from .phase import PhaseTrainer
 # PhaseTrainer.step_metrics() key -> MetricsLog column (the dashboard reads these names).
 _COLUMNS = {"phase": "phase", "backward_passes": "backward_passes", "step_speedup": "speedup_steps",
             "wallclock_speedup": "speedup_wall", "prediction_error": "pred_error",
-            "prediction_cosine": "pred_cosine", "full_length": "full_len", "predict_length": "predict_len"}
+            "prediction_cosine": "pred_cosine", "prediction_gain": "pred_gain", "full_length": "full_len",
+            "predict_length": "predict_len"}
 
 
 class PhaseStepper:

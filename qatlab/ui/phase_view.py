@@ -7,7 +7,8 @@ Figures (x linked), from the run's ``train-source-<run id>`` / ``phase-source-<r
 - ``fig-phase-backward``: ``backward-passes-<run id>`` against the ``steps-<run id>``
   diagonal (a full-backprop run would follow it; the gap is what was saved);
 - ``fig-phase-pred``: ``pred-error-<run id>`` and ``pred-cosine-<run id>`` (markers: the
-  values exist on CORRECT steps only);
+  values exist on CORRECT steps only) and the learned gain applied to predictions,
+  ``pred-gain-<run id>`` (a step line);
 - ``fig-phase-lengths``: adaptive ``full-len-<run id>`` and ``predict-len-<run id>``.
 """
 from __future__ import annotations
@@ -73,6 +74,8 @@ class PhaseView(LiveView):
                      label="relative error")
         F.add_points(pred, rs.train, x, "pred_cosine", color="#2ca02c", name=f"pred-cosine-{rid}",
                      label="cosine")
+        F.add_step(pred, rs.train, x, "pred_gain", color="#9467bd", name=f"pred-gain-{rid}",
+                   label="gain applied")
         F.finish(pred)
 
         lens = F.line_figure("Adaptive phase lengths", "steps", name="fig-phase-lengths", x_field=x, x_range=xr)

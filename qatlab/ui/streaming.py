@@ -20,7 +20,7 @@ four ColumnDataSources for the run:
     ``noise_mse_<i>``, ``sqnr_db_<i>``, ``scale_<i>``, ``saturation_<i>``,
     ``frac_neg_<i>``, ``frac_zero_<i>``, ``frac_pos_<i>``, the phase columns
     (``phase``, ``backward_passes``, ``speedup_steps``, ``speedup_wall``, ``pred_error``,
-    ``pred_cosine``, ``full_len``, ``predict_len``) when phase training is on, ``k``
+    ``pred_cosine``, ``pred_gain``, ``full_len``, ``predict_len``) when phase training is on, ``k``
     (index of the row among all training rows), and an EMA-smoothed copy
     ``<column>_s`` of every column in :data:`SMOOTHED`.
 ``eval-source-<run id>``  (``RunStream.eval``)
@@ -68,7 +68,7 @@ PHASE_CAP = 5000
 BASE_COLUMNS = ("step", "epoch", "time", "loss", "lr", "steps_per_second", "active_grad_fraction")
 LOSS_COLUMNS = ("step", "epoch", "time", "loss", "loss_s", "k")
 LAYER_METRICS = ("grad_norm", "noise_mse", "sqnr_db", "scale", "saturation", "frac_neg", "frac_zero", "frac_pos")
-PHASE_COLUMNS = ("phase", "backward_passes", "speedup_steps", "speedup_wall", "pred_error", "pred_cosine",
+PHASE_COLUMNS = ("phase", "backward_passes", "speedup_steps", "speedup_wall", "pred_error", "pred_cosine", "pred_gain",
                  "full_len", "predict_len")
 EVAL_COLUMNS = ("step", "epoch", "time", "test_loss", "test_accuracy", "train_accuracy", "train_loss")
 #: Column names (or prefixes ending in ``_``) that get an EMA-smoothed ``<name>_s`` copy.

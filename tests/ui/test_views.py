@@ -69,7 +69,7 @@ def feed(run: ql.Run, start: int, n: int, phases=(1, 1, 2, 2, 3), eval_every: in
             p = phases[s % len(phases)]
             row.update({"phase": p, "backward_passes": s // 2, "speedup_steps": 1.5, "speedup_wall": 1.3,
                         "pred_error": 0.2 if p == 3 else math.nan, "pred_cosine": 0.9 if p == 3 else math.nan,
-                        "full_len": 10, "predict_len": 40})
+                        "pred_gain": 0.8, "full_len": 10, "predict_len": 40})
         run.log.append(row)
         if s % eval_every == 0:
             run.log.append({"step": s, "epoch": s / 50, "time": 0.01 * s, "test_loss": 1.0 / s,
@@ -339,7 +339,7 @@ def test_phase_view_figures_and_placeholder():
     view.pull()
     assert {"fig-phase-timeline", "fig-phase-backward", "fig-phase-pred", "fig-phase-lengths"} == \
         {f.name for f in view.figures.values()}
-    assert f"pred-error-{run.id}" in names(view.figures["pred"])
+    assert {f"pred-error-{run.id}", f"pred-gain-{run.id}"} <= names(view.figures["pred"])
     assert len(view.hub.stream(run).train.data["pred_error"]) == 25
 
 
