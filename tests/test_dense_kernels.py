@@ -191,3 +191,17 @@ def test_sign_counts_matches_numpy():
     x[5] = np.nan
     assert K.sign_counts(x) == (np.count_nonzero(x < 0), np.count_nonzero(x > 0))
     assert K.sign_counts(np.zeros(0, np.float32)) == (0, 0)
+
+
+def test_count_correct_matches_numpy_argmax(rng):
+    logits = rng.standard_normal((200, 7)).astype(np.float32)
+    logits[:20, 3] = logits[:20, 5] = 9.0                       # ties: the first index wins
+    logits[20, 2], logits[21, 0], logits[22, :] = np.nan, np.nan, np.nan   # NaN: np.argmax's pick
+    logits[23, 4], logits[23, 6] = np.inf, np.nan
+    labels = rng.integers(0, 7, 200)
+    labels[:10] = 3
+    labels[10:20] = 5
+    want = int(np.count_nonzero(np.argmax(logits, axis=1) == labels))
+    assert K.count_correct(logits, labels) == want
+    assert K.count_correct(logits, labels.astype(np.int32)) == want
+    assert K.count_correct(logits[:0], labels[:0]) == 0

@@ -141,6 +141,26 @@ def exp_nonpositive_inplace(x):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def count_correct(logits, labels):
+    """Rows i of logits (B, K) float32 whose argmax equals labels[i] (int (B,)); the argmax is
+    np.argmax's: the first maximum, or the first NaN of a row holding one."""
+    n = 0
+    for i in range(logits.shape[0]):
+        best = 0
+        if logits[i, 0] == logits[i, 0]:
+            for k in range(1, logits.shape[1]):
+                v = logits[i, k]
+                if v != v:
+                    best = k
+                    break
+                if v > logits[i, best]:
+                    best = k
+        if best == labels[i]:
+            n += 1
+    return n
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def softmax_cross_entropy(logits, labels, d_out):
     """Mean softmax cross-entropy; returns the loss (float64) and writes its gradient.
 
