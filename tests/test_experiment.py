@@ -40,7 +40,7 @@ FINAL_KEYS = {"train_loss", "test_loss", "test_accuracy", "seconds", "steps_per_
 # Extras the loop adds today: "steps" (optimizer steps taken) and "train_seconds" (seconds minus the
 # per-epoch evaluation time). Phase mode adds PHASE_FINAL_EXTRAS.
 FINAL_EXTRAS = {"steps", "train_seconds"}
-PHASE_FINAL_EXTRAS = {"backward_passes", "speedup_steps", "speedup_wall", "mean_prediction_cosine"}
+PHASE_FINAL_EXTRAS = {"backward_passes", "speedup_steps", "speedup_wall", "mean_prediction_cosine", "prediction_gain"}
 
 
 @pytest.fixture(scope="module")

@@ -115,7 +115,8 @@ class PhaseStepper:
         """Summary numbers for RunResult.final."""
         s = self.trainer.get_stats()
         return {"backward_passes": s.backward_passes, "speedup_steps": s.speedup_ratio,
-                "speedup_wall": s.wallclock_speedup, "mean_prediction_cosine": s.mean_prediction_cosine}
+                "speedup_wall": s.wallclock_speedup, "mean_prediction_cosine": s.mean_prediction_cosine,
+                "prediction_gain": s.prediction_gain}
 
     def stats_dict(self) -> dict:
         """The full TrainerStats as a plain dict."""
