@@ -41,9 +41,9 @@ phase run with the same step counts could reach given component costs measured i
 Goals (issue 4), per phase configuration on digits: measured wall-clock speedup >= 1.5x AND test
 accuracy within 1 percentage point of full backprop, as the mean difference over the optimizer
 seeds 0 and :data:`SEEDS` (each trained once more with full backprop and each phase and diagnostic
-configuration; a third table per seed, diagnostics reported, not judged). The defaults are the issue's goal; the other configurations are judged by
-the same rule. Nothing is tuned to meet them. ``--quick``: digits
-only, 8 epochs, labelled quick in every goal line.
+configuration; a third table per seed, diagnostics reported, not judged). The defaults are the
+issue's goal; the other configurations are judged by the same rule. Nothing is tuned to meet
+them. ``--quick``: digits only, 8 epochs, labelled quick in every goal line.
 """
 from __future__ import annotations
 

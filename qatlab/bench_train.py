@@ -524,7 +524,8 @@ def run(opts: BenchOptions) -> SuiteResult:
     notes = [
         f"OPENBLAS_NUM_THREADS={blas} (set by `import qatlab` unless already set); BLAS in this process: "
         f"{loaded_txt}; qatlab's products and the numpy floor use that same BLAS; qatlab splits a product of "
-        f">= {parallel.MIN_MACS:,} multiply-adds into row or column blocks on {parallel.cores()} cores (qatlab.parallel), "
+        f">= {parallel.MIN_MACS:,} multiply-adds into row or column blocks on {parallel.cores()} cores "
+        "(qatlab.parallel), "
         "the floor runs on one thread",
         "qatlab step: mlp.forward (TernaryQuantizer, identity STE, on every layer) + cross_entropy_loss + "
         "mlp.backward(need_input_grad=False) + Adam.step(flat), lr 1e-2, in one Numba call (qatlab.fused."

@@ -1,10 +1,10 @@
 """Big array work split across the cores: slices of one operation run in parallel threads.
 
 The Numba kernels are ``nogil`` and NumPy's BLAS releases the GIL, so slices of one large
-element-wise kernel (ranges of elements) or matrix product (row or column blocks) run at the same time
-on a shared thread pool; each slice writes its own part of ``out``, so nothing is reduced across
-threads. Only work above a
-size threshold is split: every layer of the small models trained here stays on the calling
+element-wise kernel (ranges of elements) or matrix product (row or column blocks) run at the
+same time on a shared thread pool; each slice writes its own part of ``out``, so nothing is
+reduced across threads (but a sum over slices, :func:`sum_slices`). Only work above a size
+threshold is split: every layer of the small models trained here stays on the calling
 thread, and several runs training big layers at once take turns at the pool rather than queue
 on it. The slices depend only on the shapes and the core count, never on which thread computes
 them, so a run stays deterministic on one machine.

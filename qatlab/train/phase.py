@@ -33,10 +33,10 @@ Every real gradient (mean of the k micro-batches) becomes the predictor's anchor
 gradients of each WARMUP run and each FULL run form one block whose mean is a trend entry of
 the predictor (CORRECT gradients open no block). On CORRECT steps the prediction for that step
 is compared with the real gradient first and the error is folded into the correction and the
-gain that scales every prediction handed out (see :mod:`qatlab.train.predictors` for the formulas). ``max_grad_norm`` > 0
-clips every gradient handed out to global norm <= max_grad_norm (factor
-max_grad_norm / (norm + 1e-6) when norm > max_grad_norm, as torch.nn.utils.clip_grad_norm_);
-the predictor keeps the unclipped gradient.
+gain that scales every prediction handed out (see :mod:`qatlab.train.predictors` for the
+formulas). ``max_grad_norm`` > 0 clips every gradient handed out to global norm <=
+max_grad_norm (factor max_grad_norm / (norm + 1e-6) when norm > max_grad_norm, as
+torch.nn.utils.clip_grad_norm_); the predictor keeps the unclipped gradient.
 
 Cost per step (flat gradients, ``gradient_accumulation`` = 1): a backward step makes three
 passes over the n floats besides the model's own work (copy + finiteness check + norm in one
