@@ -65,12 +65,11 @@ running sums over all corrections since the last reset, and the gradient handed 
 the least-squares scale of the predictions against the real gradients measured so far: 1 when
 they point where the real gradients go, 0 when they do not (or point away). ``predict`` still
 returns g_hat(t) unscaled (what ``fold`` measures); :class:`~qatlab.train.phase.PhaseTrainer`
-applies the gain. Why: on digits (Adam, defaults; ``python -m qatlab.bench phase``) the
-predictions' mean cosine with the real gradient on CORRECT steps is -0.35 (minibatch gradients a
-few steps apart point in quite different directions there: -0.7 to +0.7 measured), and applying
-them as they are cost 5.2 pp of test accuracy on average over 5 seeds (17.8 pp on the worst);
-with the gain, -0.1 pp (worst -1.1). Where predictions carry no signal, the predicted steps are
-then close to Adam coasting on its momentum.
+applies the gain. Why, measured on digits with the defaults (``python -m qatlab.bench phase``,
+its ``learned_gain off`` row): applied as they are, the predictions have a mean cosine of -0.35
+with the real gradients on CORRECT steps and cost 5.2 pp of test accuracy on average over 5 seeds
+(17.8 pp on the worst); with the gain (which ends at 0 there), -0.1 pp (worst -1.1). Where
+predictions carry no signal, the predicted steps are then close to Adam coasting on its momentum.
 """
 from __future__ import annotations
 
