@@ -469,27 +469,31 @@ def test_wall_clock_accounting(monkeypatch):
     assert pt.step_metrics()["wallclock_speedup"] == s.wallclock_speedup
 
 
-def test_learned_gain_scales_what_is_handed_out_and_clipping_sees_the_scaled_norm():
-    """PREDICT steps hand out gain * prediction (then clipped); the gain is 1 until the first
-    correction and moves only with one; a real gradient opposite to the prediction makes it 0."""
-    kw = dict(full_steps=1, predict_steps=2, correct_every=2, max_grad_norm=0.05, prediction={"momentum": 0.0})
-    gained = PhaseTrainer(SHAPES, cfg(**{**kw, "prediction": {"momentum": 0.0, "learned_gain": True}}))
-    raw = PhaseTrainer(SHAPES, cfg(**kw))
+@pytest.mark.parametrize("ratio, gain", [(0.5, 0.5), (-1.0, 0.0)])
+def test_learned_gain_scales_what_is_handed_out_and_clipping_sees_the_scaled_norm(ratio, gain):
+    """PREDICT steps hand out gain * prediction, then clip that: the gain is 1 until the first
+    correction, and a CORRECT gradient of ratio * prediction sets it to clamp(ratio, 0, 1)."""
     g0 = grad_at(0)
+    norm = np.linalg.norm(flat(g0))
+    limit = 0.75 * norm                                      # clips the raw prediction, not half of it
+    kw = dict(full_steps=1, predict_steps=2, correct_every=2, max_grad_norm=limit)
+    gained = PhaseTrainer(SHAPES, cfg(**kw, prediction={"momentum": 0.0, "learned_gain": True}))
+    raw = PhaseTrainer(SHAPES, cfg(**kw, prediction={"momentum": 0.0}))
     for pt in (gained, raw):
         step(pt, grads=g0)                                   # F
-    (info, g), (_, g_raw) = step(gained), step(raw)          # P: the anchor, gain 1, clipped to 0.05
-    assert info.phase is P and np.linalg.norm(g) == pytest.approx(0.05, rel=1e-4)
+    (info, g), (_, g_raw) = step(gained), step(raw)          # P: the anchor g0, gain 1, clipped
+    assert info.phase is P and np.linalg.norm(g) == pytest.approx(limit, rel=1e-5)
     np.testing.assert_array_equal(g, g_raw)
-    opposite = {k: -v for k, v in g0.items()}
     for pt in (gained, raw):
-        step(pt, grads=opposite)                             # C: real = -prediction
-    assert gained.get_stats().prediction_gain == gained.step_metrics()["prediction_gain"] == 0.0
+        step(pt, grads={k: (ratio * v).astype(F32) for k, v in g0.items()})   # C
+    assert gained.get_stats().prediction_gain == gained.step_metrics()["prediction_gain"] == pytest.approx(gain)
     assert raw.get_stats().prediction_gain == 1.0
     for pt in (gained, raw):
-        step(pt, grads=g0)                                   # F
+        step(pt, grads=g0)                                   # F: the anchor is g0 again
     (info, g), (_, g_raw) = step(gained), step(raw)          # P
-    assert info.phase is P and not g.any() and g_raw.any()
+    assert info.phase is P
+    np.testing.assert_allclose(g, gain * flat(g0), rtol=1e-6, atol=1e-12)      # gain * norm < limit: not clipped
+    assert np.linalg.norm(g_raw) == pytest.approx(limit, rel=1e-5)
     gained.reset()
     assert gained.get_stats().prediction_gain == 1.0
 
