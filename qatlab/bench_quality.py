@@ -168,7 +168,7 @@ def run(opts: BenchOptions) -> SuiteResult:
     notes = [
         f"recipe: {recipe}; cross-entropy; qatlab via ql.run_experiment(cfg) (fake: symmetric per-tensor, "
         "scale from the current min/max each step; ternary: absmean); final = after the last epoch",
-        "qatlab seconds include its per-epoch test+train evaluation and a metrics row every 10 steps; "
+        "qatlab seconds include its per-epoch test evaluation and a metrics row every 10 steps; "
         "one untimed 1-epoch warm-up run per quantizer kind comes first (Numba cache loads)",
     ]
     if opts.quick:
@@ -180,6 +180,7 @@ def run(opts: BenchOptions) -> SuiteResult:
         notes.append(f"torch {torch.__version__} eager (1 thread): nn.Linear + autograd.Function identity STE "
                      "(ternary: fake_quantize_per_tensor_affine(W, mean|W|, 0, -1, 1); k-bit: min/max scale), "
                      "F.cross_entropy, torch.optim.Adam; same split, same initial weights (qatlab's seeded "
-                     "init) and the same batch order as qatlab; it also evaluates test+train every epoch")
+                     "init) and the same batch order as qatlab; it also evaluates the test split every epoch and takes "
+                     "train loss/accuracy from the batches")
     return SuiteResult(tables=tables, goals=_goals(main, epochs, opts.quick), notes=notes,
                        extra={"epochs": epochs, "quick": opts.quick, "torch": torch is not None})

@@ -149,7 +149,8 @@ def train(ds, sizes, quant: str = "float", bits: int = 8, *, epochs: int = 40, b
     """Train :class:`TorchMlp` on ``ds`` (a qatlab Dataset) with the qatlab recipe; returns final metrics.
 
     Batches follow qatlab's order exactly (``np.random.default_rng(seed).permutation`` per epoch).
-    Like qatlab's loop, test and train loss/accuracy are evaluated after every epoch. Returns
+    Like qatlab's loop, the test split is evaluated after every epoch and the train loss/accuracy
+    are the epoch's batches' (from their forward passes, before each update). Returns
     ``{test_accuracy, test_loss, train_loss, train_accuracy, seconds, steps, steps_per_second, status}``.
     """
     with num_threads(threads):
@@ -166,11 +167,12 @@ def train(ds, sizes, quant: str = "float", bits: int = 8, *, epochs: int = 40, b
         t0 = time.perf_counter()
         for _ in range(epochs):
             order = torch.from_numpy(rng.permutation(n))
-            epoch_loss = 0.0
+            epoch_loss, epoch_correct = 0.0, 0
             for start in range(0, n, bs):
                 idx = order[start: start + bs]
                 opt.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(model(Xtr[idx]), ytr[idx])
+                out = model(Xtr[idx])
+                loss = F.cross_entropy(out, ytr[idx])
                 loss.backward()
                 opt.step()
                 step += 1
@@ -179,11 +181,12 @@ def train(ds, sizes, quant: str = "float", bits: int = 8, *, epochs: int = 40, b
                     status = "diverged"
                     break
                 epoch_loss += lv * len(idx)
+                epoch_correct += int((out.detach().argmax(dim=1) == ytr[idx]).sum())
             if status != "finished":
                 break
             train_loss = epoch_loss / n
             test_loss, test_acc = _evaluate(model, Xte, yte)
-            _, train_acc = _evaluate(model, Xtr, ytr)
+            train_acc = epoch_correct / n
         seconds = time.perf_counter() - t0
     return {"test_accuracy": test_acc, "test_loss": test_loss, "train_loss": train_loss,
             "train_accuracy": train_acc, "seconds": seconds, "steps": step,
