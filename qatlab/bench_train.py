@@ -8,7 +8,8 @@ The step timed is the engine's real hot path (the generic loop's inner step)::
     opt.step(grads.flat())                            # Adam, lr 1e-2
 
 made, as ``run_experiment`` makes it, by :class:`qatlab.fused.FusedStep` (one Numba call, the same
-numbers) where that applies (the 64-256-10 shapes) and by these calls otherwise, on fixed synthetic data (x ~ U[0, 1), random labels) for each shape. Side by side, in one
+numbers) where that applies (the 64-256-10 shapes) and by these calls otherwise, on fixed
+synthetic data (x ~ U[0, 1), random labels) for each shape. Side by side, in one
 ``measure_many`` (interleaved round-robin, so they see the same machine load):
 
 * **numpy floor**: the five matrix products of that step in plain numpy with preallocated

@@ -47,13 +47,9 @@ def unsupported_reason(mlp, scratch, opt=None) -> str | None:
         return "parameters split across cores"
     if any(scratch.batch_size * n_in * n_out >= parallel.MIN_MACS for n_in, n_out in zip(mlp.sizes, mlp.sizes[1:])):
         return "matrix products split across cores"
-    if opt is not None and not (len(opt._p) == 1 and _same_memory(opt._p[0], mlp.flat_params())):
+    if opt is not None and not opt.is_over(mlp.flat_params()):
         return "optimizer not over mlp.flat_params()"
     return None
-
-
-def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.size == b.size and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
 
 
 class FusedStep:

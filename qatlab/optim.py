@@ -206,10 +206,19 @@ class Optimizer:
                 gscale = grad_scale * self.max_grad_norm / (n + 1e-6)
         self.t += 1
         self.last_lr = lr
-        wd = self.weight_decay
-        decay, l2 = (1.0 - lr * wd, 0.0) if self.decoupled_weight_decay else (1.0, wd)
+        decay, l2 = self._decay_l2(lr)
         for arrays in groups:
             self._update(arrays, gscale, l2, decay, lr)
+
+    def _decay_l2(self, lr: float) -> tuple[float, float]:
+        """(decay, l2) of the kernels at learning rate lr: decoupled weight decay multiplies p by
+        1 - lr * wd, coupled adds wd * p to the gradient."""
+        wd = self.weight_decay
+        return (1.0 - lr * wd, 0.0) if self.decoupled_weight_decay else (1.0, wd)
+
+    def is_over(self, flat: np.ndarray) -> bool:
+        """True when this optimizer updates exactly ``flat``: one segment, the same memory."""
+        return len(self._p) == 1 and self._p[0].size == flat.size and _ptr(self._p[0]) == _ptr(flat)
 
     def _split(self, g):
         if sum(s.size for s in g) != self.num_params:
@@ -240,8 +249,7 @@ class Optimizer:
         """The kernel's scalars for the next step at learning rate ``lr``: float64 (8,) =
         max_grad_norm, l2, decay, then :meth:`_scalars` for step ``t + 1`` (zero-padded). A buffer
         that the next call overwrites; changes nothing else (see :meth:`fused_done`)."""
-        wd = self.weight_decay
-        decay, l2 = (1.0 - lr * wd, 0.0) if self.decoupled_weight_decay else (1.0, wd)
+        decay, l2 = self._decay_l2(lr)
         sc = self._fused_scalars
         sc[0], sc[1], sc[2] = self.max_grad_norm, l2, decay
         for i, v in enumerate(self._scalars(self.t + 1, lr), 3):

@@ -272,3 +272,12 @@ def test_big_segments_split_across_cores_give_the_same_bits(force_split, make):
     split = run(make(p := p0.copy()), p, grads)
     assert calls == [(10_007, 3)] * 3                   # the split path really ran, once per step
     assert np.array_equal(one, split)
+
+
+def test_is_over_means_exactly_one_flat_buffer():
+    mlp = Mlp([4, 3, 2], seed=0)
+    flat = mlp.flat_params()
+    assert Adam(flat).is_over(flat)
+    assert Adam(mlp.parameters()).is_over(flat)            # consecutive views merge into that buffer
+    assert not Adam(flat[:-1]).is_over(flat) and not Adam(flat.copy()).is_over(flat)
+    assert not Adam([mlp.weights(0), mlp.weights(1)]).is_over(flat)
