@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from . import parallel
-from .kernels.fused import BACKWARD, FORWARD, UPDATE, train_step
+from .kernels.fused import BACKWARD, FORWARD, UPDATE, train_step, train_steps
 from .nn import _f32_2d, _labels
 from .quant import TernaryQuantizer
 
@@ -81,6 +81,9 @@ class FusedStep:
         self._params, self._grads = mlp.flat_params(), grads.flat()
         self._opt_kernel = opt.fused_kernel() if opt is not None else None
         self.stash_sumsq = math.nan
+        self._batch_bufs = {}
+        self._block = (np.zeros((0, 8)), np.zeros(0), np.zeros(0, np.int64), np.zeros(0))
+        self.losses, self.correct = self._block[1], self._block[2]   # of the last steps() call
 
     def _batch_rows(self, B):
         rows = self._rows.get(B)
@@ -89,6 +92,87 @@ class FusedStep:
             h = self.scratch._rows(B)[0]
             rows = self._rows[B] = (tuple(h), tuple(self.grads._rows(B)[0]))
         return rows
+
+    def steps(self, X, idx, count: int, labels=None, targets=None, onehot: bool = False) -> int:
+        """``count`` UPDATE steps in one call, as ``count`` calls of ``self(x_j, ...)`` at the
+        optimizer's scheduled learning rates, where batch j is ``X[idx[j*B:(j+1)*B]]``.
+
+        X (n, in) float32 C-contiguous (a training split); idx int64 (count * B,) row numbers,
+        B <= scratch.batch_size; labels int64 (n,) of X's rows: softmax cross-entropy, or MSE
+        against their one-hot rows with ``onehot``; or targets float32 (n, K) (MSE). Afterwards
+        :attr:`losses` float64 and :attr:`correct` int64 (rows whose argmax is the label; 0
+        without labels) hold one entry per step made, and the objects are left as after the last
+        one. Returns the steps made: ``count``, or fewer when a loss is not finite (that step,
+        the last one made, updated nothing).
+        """
+        mlp, opt = self.mlp, self.opt
+        if opt is None:
+            raise ValueError("steps: needs the optimizer given to FusedStep")
+        n_in, n_out = mlp.sizes[0], mlp.sizes[-1]
+        if not (X.__class__ is np.ndarray and X.dtype == np.float32 and X.ndim == 2 and X.shape[1] == n_in
+                and X.flags.c_contiguous):
+            raise ValueError(f"X: expected a C-contiguous float32 array of shape (n, {n_in})")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"count: expected an int >= 1, got {count!r}")
+        if not (idx.__class__ is np.ndarray and idx.dtype == np.int64 and idx.ndim == 1 and len(idx) % count == 0
+                and 1 <= len(idx) // count <= self.scratch.batch_size):
+            raise ValueError(f"idx: expected int64 (count * B,) with 1 <= B <= {self.scratch.batch_size}")
+        if len(idx) and not 0 <= int(idx.min()) <= int(idx.max()) < len(X):
+            raise ValueError(f"idx: row numbers must lie in [0, {len(X)})")
+        if (labels is None) == (targets is None):
+            raise ValueError("labels, targets: give exactly one (labels for cross-entropy, targets for MSE)")
+        if labels is not None:
+            if not (labels.__class__ is np.ndarray and labels.dtype == np.int64 and labels.shape == (len(X),)):
+                raise ValueError(f"labels: expected int64 of shape ({len(X)},)")
+            targets = self._no_targets
+        else:
+            if not (targets.__class__ is np.ndarray and targets.dtype == np.float32
+                    and targets.shape == (len(X), n_out) and targets.flags.c_contiguous):
+                raise ValueError(f"targets: expected C-contiguous float32 of shape ({len(X)}, {n_out})")
+            labels, onehot = _NO_LABELS, True
+        B = len(idx) // count
+        xb, lab, tgt = self._batch_buffers(B)
+        scs, losses, correct, norms = self._block_buffers(count)
+        lrs = [opt.schedule(opt.t + j) for j in range(count)]
+        for j, lr in enumerate(lrs):
+            opt.fused_scalars(lr, ahead=j, out=scs[j])
+        hs, ds = self._batch_rows(B)
+        stes = self._stes
+        for i, q in self._ternary_layers:
+            stes[i] = q._code
+        code, s0, s1 = self._opt_kernel
+        done = train_steps(X, labels, targets, idx, bool(onehot), xb, lab, tgt, mlp._act, self._ternary, stes,
+                           self._alphas, self._ws, self._bs, self._wqs, hs, ds, self._dws, self._dbs, code, s0, s1,
+                           self._params, self._grads, scs, losses, correct, norms)
+        self._after(xb, hs)
+        updated = done if math.isfinite(losses[done - 1]) else done - 1
+        for j in range(updated):
+            opt.fused_done(lrs[j], norms[j])
+        self.losses, self.correct = losses[:done], correct[:done]
+        return done
+
+    def _batch_buffers(self, B):
+        bufs = self._batch_bufs.get(B)
+        if bufs is None:
+            bufs = self._batch_bufs[B] = (np.zeros((B, self.mlp.sizes[0]), np.float32), np.zeros(B, np.int64),
+                                          np.zeros((B, self.mlp.sizes[-1]), np.float32))
+        return bufs
+
+    def _block_buffers(self, count):
+        if len(self._block[1]) < count:
+            self._block = (np.zeros((count, 8)), np.zeros(count), np.zeros(count, np.int64), np.zeros(count))
+        return tuple(b[:count] for b in self._block)
+
+    def _after(self, x, hs) -> None:
+        """Leave the Python objects as a step on x would (alphas, scratch, gradients)."""
+        alphas = self._alphas.tolist()
+        for i, q in self._ternary_layers:
+            q.alpha = alphas[i]
+        scratch = self.scratch
+        scratch.batch, scratch._x_in, self.mlp._last_batch = x.shape[0], x, x.shape[0]
+        scratch._w_used = self._w_used
+        scratch._a_in = [x, *hs[:-1]]
+        self.grads._input_batch = 0
 
     def __call__(self, x, labels=None, targets=None, stage=UPDATE, lr=None, stash=None, clip=0.0) -> float:
         """Step on x (B, in) float32 C-contiguous, B <= scratch.batch_size, with int64 ``labels``
@@ -139,13 +223,7 @@ class FusedStep:
         loss, norm, self.stash_sumsq = train_step(
             x, labels, targets, stage, mlp._act, self._ternary, stes, self._alphas, self._ws, self._bs,
             self._wqs, hs, ds, self._dws, self._dbs, code, s0, s1, self._params, self._grads, sc, stash, float(clip))
-        alphas = self._alphas.tolist()
-        for i, q in self._ternary_layers:
-            q.alpha = alphas[i]
-        scratch.batch, scratch._x_in, mlp._last_batch = B, x, B
-        scratch._w_used = self._w_used
-        scratch._a_in = [x, *hs[:-1]]
-        self.grads._input_batch = 0
+        self._after(x, hs)
         if stage == UPDATE and math.isfinite(loss) and (stash is _NO_STATE or math.isfinite(self.stash_sumsq)):
             opt.fused_done(lr, norm)
         return loss

@@ -245,14 +245,15 @@ class Optimizer:
         states = [*self._state, _NO_STATE, _NO_STATE]
         return _KERNEL_CODES[self._kernel()], states[0], states[1]
 
-    def fused_scalars(self, lr: float) -> np.ndarray:
-        """The kernel's scalars for the next step at learning rate ``lr``: float64 (8,) =
-        max_grad_norm, l2, decay, then :meth:`_scalars` for step ``t + 1`` (zero-padded). A buffer
-        that the next call overwrites; changes nothing else (see :meth:`fused_done`)."""
+    def fused_scalars(self, lr: float, ahead: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+        """The kernel's scalars for step ``t + 1 + ahead`` at learning rate ``lr``: float64 (8,) =
+        max_grad_norm, l2, decay, then :meth:`_scalars` of that step (zero-padded), written into
+        ``out`` (default: a buffer that the next call overwrites); changes nothing else (see
+        :meth:`fused_done`)."""
         decay, l2 = self._decay_l2(lr)
-        sc = self._fused_scalars
+        sc = self._fused_scalars if out is None else out
         sc[0], sc[1], sc[2] = self.max_grad_norm, l2, decay
-        for i, v in enumerate(self._scalars(self.t + 1, lr), 3):
+        for i, v in enumerate(self._scalars(self.t + 1 + ahead, lr), 3):
             sc[i] = v
         return sc
 

@@ -194,6 +194,72 @@ def test_bad_input_is_refused():
     assert opt.t == 0 and np.array_equal(mlp.flat_params(), params)
 
 
+@pytest.mark.parametrize("loss", ["ce", "onehot", "mse"])
+@pytest.mark.parametrize("opt_kind", ["momentum", "adam"])
+def test_steps_match_one_call_per_step(loss, opt_kind):
+    """steps(X, idx, k) = k calls on X[idx[j*B:(j+1)*B]], at the scheduled learning rates (cosine here)."""
+    (m1, s1, g1, o1), (m2, s2, g2, o2) = _pair(opt_kind)
+    for o in (o1, o2):
+        o.schedule = ql.optim.Schedule("cosine", 0.05, total_steps=12)
+    one, many = FusedStep(m1, s1, g1, o1), FusedStep(m2, s2, g2, o2)
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((40, SIZES[0])).astype(np.float32)
+    labels = rng.integers(0, SIZES[-1], 40)
+    T = rng.standard_normal((40, SIZES[-1])).astype(np.float32)
+    block = {"ce": {"labels": labels}, "onehot": {"labels": labels, "onehot": True}, "mse": {"targets": T}}[loss]
+    for count, B in ((1, CAP), (4, CAP), (3, 5)):
+        idx = rng.integers(0, 40, count * B)
+        assert many.steps(X, idx, count, **block) == count
+        losses, correct = [], []
+        for j in range(count):
+            rows = idx[j * B:(j + 1) * B]
+            target = ({"targets": T[rows]} if loss == "mse" else
+                      {"targets": np.eye(SIZES[-1], dtype=np.float32)[labels[rows]]} if loss == "onehot" else
+                      {"labels": labels[rows]})
+            losses.append(one(X[rows], **target))
+            correct.append(int(np.sum(np.argmax(s1.output(), axis=1) == labels[rows])) if loss != "mse" else 0)
+        assert many.losses.tolist() == losses and many.correct.tolist() == correct
+        assert np.array_equal(m1.flat_params(), m2.flat_params()) and np.array_equal(g1.flat(), g2.flat())
+        assert (o1.t, o1.last_lr) == (o2.t, o2.last_lr) and np.array_equal(s1.output(), s2.output())
+        for i in range(m1.num_layers):
+            assert np.array_equal(s1.layer_input(i), s2.layer_input(i))
+        assert [q and q.alpha for q in m1.weight_quantizers] == [q and q.alpha for q in m2.weight_quantizers]
+
+
+def test_steps_stop_at_a_non_finite_loss():
+    (m1, s1, g1, o1), (m2, s2, g2, o2) = _pair("adam")
+    one, many = FusedStep(m1, s1, g1, o1), FusedStep(m2, s2, g2, o2)
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((30, SIZES[0])).astype(np.float32)
+    labels = rng.integers(0, SIZES[-1], 30)
+    X[7, 2] = np.nan                                    # in batch 2 (rows 6..8 of idx)
+    idx = np.arange(12, dtype=np.int64)
+    assert many.steps(X, idx, 4, labels=labels) == 3
+    assert math.isnan(many.losses[-1]) and len(many.losses) == 3
+    for j in range(2):
+        one(X[3 * j: 3 * j + 3], labels=labels[3 * j: 3 * j + 3])
+    assert np.array_equal(m1.flat_params(), m2.flat_params()) and o2.t == 2
+
+
+def test_steps_refuse_bad_input():
+    mlp, scratch, grads, opt = _pair("adam")[0]
+    fused = FusedStep(mlp, scratch, grads, opt)
+    X = np.zeros((20, SIZES[0]), np.float32)
+    labels = np.zeros(20, np.int64)
+    idx = np.arange(8, dtype=np.int64)
+    params = mlp.flat_params().copy()
+    for kwargs, match in [(dict(X=X[:, :3]), "X"), (dict(X=X.astype(np.float64)), "X"), (dict(count=3), "idx"),
+                          (dict(count=0), "count"), (dict(idx=idx + 15), "idx"), (dict(idx=idx - 1), "idx"),
+                          (dict(idx=np.arange(4 * (CAP + 1))), "idx"), (dict(labels=labels[:5]), "labels"),
+                          (dict(labels=None), "labels, targets"),
+                          (dict(targets=np.zeros((20, 2), np.float32)), "labels, targets"),
+                          (dict(labels=None, targets=np.zeros((20, 2), np.float32)), "targets")]:
+        args = dict(X=X, idx=idx, count=2, labels=labels) | kwargs
+        with pytest.raises(ValueError, match=match):
+            fused.steps(args.pop("X"), args.pop("idx"), args.pop("count"), **args)
+    assert opt.t == 0 and np.array_equal(mlp.flat_params(), params)
+
+
 def test_what_it_does_not_cover():
     mlp = _model()
     scratch = mlp.scratch(CAP)
@@ -213,10 +279,10 @@ def test_what_it_does_not_cover():
         FusedStep(fq, fq.scratch(CAP), fq.gradients(CAP))
 
 
-@pytest.mark.parametrize("phase", [False, True])
-def test_experiment_history_is_the_same_with_and_without_it(monkeypatch, phase):
+@pytest.mark.parametrize("phase, loss", [(False, "cross_entropy"), (False, "mse"), (True, "cross_entropy")])
+def test_experiment_history_is_the_same_with_and_without_it(monkeypatch, phase, loss):
     cfg = ql.ExperimentConfig()
-    cfg.optim.epochs, cfg.model.hidden = 2, [32]
+    cfg.optim.epochs, cfg.model.hidden, cfg.optim.loss = 2, [32], loss
     cfg.phase.enabled = phase
     used = []
     build = FusedStep.build

@@ -18,7 +18,8 @@ import math
 import numpy as np
 from numba import njit
 
-from .dense import IDENTITY, act_backward_inplace, bias_act_inplace, mse, softmax_cross_entropy, sum_squares
+from .dense import (IDENTITY, act_backward_inplace, bias_act_inplace, count_correct, mse, softmax_cross_entropy,
+                    sum_squares)
 from .fakequant import ternary_backward, ternary_forward
 from .optim_kernels import _adam_kernel, _momentum_kernel, _sgd_kernel
 from .phase_kernels import copy_sum_squares
@@ -102,3 +103,44 @@ def _update(opt, state0, state1, p, g, sc, gscale):
     else:
         _adam_kernel(p, g, state0, state1, gscale, sc[1], sc[2], sc[3], sc[4], sc[5], sc[6], sc[7])
     return norm
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def train_steps(X, Y, T, idx, mse_loss, xb, labels, targets, act, ternary, stes, alphas,
+                ws, bs, wqs, hs, ds, dws, dbs, opt, state0, state1, p, g, scs, losses, correct, norms):
+    """``len(scs)`` UPDATE steps of :func:`train_step` in a row, each on its own batch gathered here.
+
+    X (n, in) float32: the whole training split; Y (n,) int64 labels, or T (n, K) float32 targets
+    (the other one has 0 rows); idx int64 (steps * B,): batch j is rows ``idx[j*B:(j+1)*B]`` (B = xb's rows). xb (B, in)
+    float32 receives each batch, labels int64 (B,) its labels (with labels), targets float32
+    (B, K) its MSE targets: T's rows, or the one-hot rows of its labels as
+    :class:`qatlab.train.experiment._Loss` makes them. mse_loss: MSE, else softmax cross-entropy
+    (labels only). scs float64 (steps, 8): each step's optimizer scalars
+    (``Optimizer.fused_scalars``). Step j writes losses[j], norms[j] (train_step's) and
+    correct[j] (rows whose argmax is the label; 0 without labels).
+
+    Returns the steps made: all, or j + 1 when step j's loss (or an alpha) is not finite -- that
+    step updated nothing, as in train_step, and the later ones did not run.
+    """
+    B = xb.shape[0]
+    has_labels = Y.shape[0] > 0
+    for j in range(scs.shape[0]):
+        for r in range(B):
+            row = idx[j * B + r]
+            xb[r, :] = X[row, :]
+            if has_labels:
+                labels[r] = Y[row]
+                if mse_loss:
+                    targets[r, :] = 0.0
+                    targets[r, Y[row]] = 1.0
+            else:
+                targets[r, :] = T[row, :]
+        step_labels = labels[:0] if mse_loss else labels
+        step_targets = targets if mse_loss else targets[:0]
+        loss, norm, _ = train_step(xb, step_labels, step_targets, UPDATE, act, ternary, stes, alphas, ws, bs, wqs,
+                                   hs, ds, dws, dbs, opt, state0, state1, p, g, scs[j], g[:0], 0.0)
+        losses[j], norms[j] = loss, norm
+        if not np.isfinite(loss):
+            return j + 1
+        correct[j] = count_correct(hs[len(hs) - 1], labels) if has_labels else 0
+    return scs.shape[0]

@@ -10,6 +10,13 @@ before its update, as Keras reports them (with phase training, over the steps th
 forward pass; with gradient accumulation, the accuracy of each step's last micro-batch). Taken
 in passing they cost nothing, where evaluating the whole train split after every epoch took a
 quarter of a digits run. A non-finite loss ends the run with status ``diverged``.
+
+A model that :class:`~qatlab.fused.FusedStep` covers (small, ternary or float weights, no LSQ
+scales), trained without phase training, makes its full batches in runs that end at the next
+metrics row: each run is one :meth:`~qatlab.fused.FusedStep.steps` call that gathers the
+batches too, the same numbers as one call per step. The Python around each step (batch gather,
+loss and accuracy bookkeeping, the ``report`` call) was 15% of a default digits step; it also
+held the GIL, which the dashboard's event loop and the other runs wait for.
 """
 from __future__ import annotations
 
@@ -88,6 +95,12 @@ class _Loss:
         t[np.arange(len(targets)), targets] = 1.0
         return t
 
+    def fused_block(self, y_train) -> dict:
+        """The keyword arguments of :meth:`~qatlab.fused.FusedStep.steps` on the training split."""
+        if not self.classify:
+            return {"targets": np.ascontiguousarray(y_train, dtype=np.float32)}
+        return {"labels": y_train, "onehot": self.kind != "cross_entropy"}
+
     def fused(self, targets) -> dict:
         """The keyword arguments of a :class:`~qatlab.fused.FusedStep` call for this batch's targets."""
         if self.kind == "cross_entropy":
@@ -165,8 +178,9 @@ def train_experiment(cfg: ExperimentConfig, log: MetricsLog | None = None, repor
                      publish_weights=None):
     """Train ``cfg`` to completion (or until ``report`` returns False) and return a RunResult.
 
-    report(steps_done, total_steps) -> bool is called every step; publish_weights(dict)
-    receives ``{"layer<i>": (latent W copy, quantized W copy)}`` about twice a second.
+    report(steps_done, total_steps) -> bool is called before every step, or before each run of
+    steps made in one call (module doc: at most ``metrics_every``), and once at the end;
+    publish_weights(dict) receives ``{"layer<i>": (latent W copy, quantized W copy)}`` about twice a second.
     Runs with subnormal floats flushed to zero in the calling thread (:mod:`qatlab.fpmode`),
     restored afterwards.
     """
@@ -194,6 +208,7 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
     eval_scratch = mlp.scratch(min(EVAL_CHUNK, data.n_test))
     # one Numba call per step for small models without LSQ scales (qatlab.fused); the same numbers
     fused = FusedStep.build(mlp, scratch, grads, opt) if lsq is None else None
+    block = None   # FusedStep.steps() arguments when runs of full batches go in one call
     xbuf = np.empty((bs, data.n_features), np.float32)
     ybuf = np.empty((bs, *data.y_train.shape[1:]), data.y_train.dtype)
     phase = None
@@ -203,6 +218,8 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
             raise ValueError(f"phase.gradient_accumulation: {cfg.phase.gradient_accumulation} micro-batches "
                              f"need batch_size >= that, got {bs}")
         phase = PhaseStepper(cfg.phase, mlp, scratch, grads, loss_fn, fused)
+    elif fused is not None:
+        block = loss_fn.fused_block(data.y_train)
     rng = np.random.default_rng(cfg.optim.seed)
 
     def update(flat_grads, real_gradient: bool, grad_scale: float = 1.0):
@@ -222,40 +239,56 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
         order = rng.permutation(data.n_train)
         epoch_loss, epoch_rows = 0.0, 0
         acc_correct, acc_rows = 0, 0   # train accuracy: predictions of the step's (last) forward pass
-        for start in range(0, data.n_train, bs):
+        pos = 0                        # rows of `order` used so far this epoch
+        while pos < data.n_train:
             if report is not None and not report(step, total):
                 status, message = "stopped", f"stopped by request at step {step}"
                 break
-            idx = order[start: start + bs]
-            xb = data.X_train.take(idx, axis=0, out=xbuf[: len(idx)])   # the method: np.take's
-            yb = data.y_train.take(idx, axis=0, out=ybuf[: len(idx)])   # wrapper costs 0.6 us more
-            lr = opt.lr
-            with STEP_SLOTS:
-                if phase is None and fused is not None:
-                    loss = fused(xb, **loss_fn.fused(yb), lr=lr)
-                elif phase is None:
-                    loss = loss_fn(mlp.forward(xb, scratch), yb, grads.d_output_mut())
-                    if math.isfinite(loss):
-                        mlp.backward(xb, scratch, grads, need_input_grad=False)
-                        update(grads.flat(), True)
-                else:   # a PREDICT step measures its loss only for a metrics row (None otherwise)
-                    loss = phase.step(xb, yb, update, need_loss=(step + 1) % every == 0 or step == 0)
-            step += 1
+            if block is not None and data.n_train - pos >= bs:
+                # the full batches up to the next metrics row, in one call (module doc)
+                next_row = 1 if step == 0 else (step // every + 1) * every
+                count = min(next_row - step, (data.n_train - pos) // bs)
+                t_before = opt.t
+                with STEP_SLOTS:
+                    fused.steps(data.X_train, order[pos: pos + count * bs], count, **block)
+                losses, lr, n_rows = fused.losses.tolist(), opt.schedule(t_before + len(fused.losses) - 1), bs
+                correct, counted = int(fused.correct.sum()), len(losses) * bs
+            else:
+                idx = order[pos: pos + bs]
+                xb = data.X_train.take(idx, axis=0, out=xbuf[: len(idx)])   # the method: np.take's
+                yb = data.y_train.take(idx, axis=0, out=ybuf[: len(idx)])   # wrapper costs 0.6 us more
+                lr, n_rows = opt.lr, len(idx)
+                with STEP_SLOTS:
+                    if phase is None and fused is not None:
+                        loss = fused(xb, **loss_fn.fused(yb), lr=lr)
+                    elif phase is None:
+                        loss = loss_fn(mlp.forward(xb, scratch), yb, grads.d_output_mut())
+                        if math.isfinite(loss):
+                            mlp.backward(xb, scratch, grads, need_input_grad=False)
+                            update(grads.flat(), True)
+                    else:   # a PREDICT step measures its loss only for a metrics row (None otherwise)
+                        loss = phase.step(xb, yb, update, need_loss=(step + 1) % every == 0 or step == 0)
+                losses, correct, counted = [loss], 0, 0
+                if loss is not None and math.isfinite(loss) and loss_fn.classify:
+                    out = scratch.output()    # gradient accumulation leaves the last micro-batch's rows
+                    correct, counted = count_correct(out, yb[len(yb) - len(out):]), len(out)
+            step += len(losses)
+            pos += len(losses) * n_rows
+            loss = losses[-1]
             if loss is not None:
                 if not math.isfinite(loss):
                     status = "diverged"
                     message = (f"loss became {loss} at step {step} (epoch {epoch + 1}); "
                                "try a lower learning rate or gradient clipping")
                     break
-                epoch_loss += loss * len(idx)
-                epoch_rows += len(idx)
-                if loss_fn.classify:      # gradient accumulation leaves the last micro-batch's rows
-                    out = scratch.output()
-                    acc_correct += count_correct(out, yb[len(yb) - len(out):])
-                    acc_rows += len(out)
+                for value in losses:
+                    epoch_loss += value * n_rows
+                epoch_rows += len(losses) * n_rows
+                acc_correct += correct
+                acc_rows += counted
             elapsed = time.perf_counter() - t0
             if step % every == 0 or step == 1:
-                row = {"step": step, "epoch": epoch + (start + len(idx)) / data.n_train, "time": elapsed,
+                row = {"step": step, "epoch": epoch + pos / data.n_train, "time": elapsed,
                        "loss": loss, "lr": lr, "steps_per_second": step / elapsed if elapsed > 0 else math.nan,
                        "active_grad_fraction": _active_fraction(mlp, grads)}
                 for i in range(mlp.num_layers):

@@ -141,8 +141,6 @@ class SteCompareView(LiveView):
         for kind, rs in streams.items():
             color = F.STE_COLORS.get(kind, "#333333")
             F.add_line(acc, rs.eval, x, "test_accuracy", color=color, name=f"ste-accuracy-{rs.run.id}", label=kind)
-            F.add_points(acc, rs.eval, x, "test_accuracy", color=color, size=4,
-                         name=f"ste-accuracy-points-{rs.run.id}")
         F.finish(acc, location="bottom_right")
         yield
 
