@@ -7,9 +7,12 @@ The step timed is the engine's real hot path (the generic loop's inner step)::
     mlp.backward(x, scratch, grads, need_input_grad=False)
     opt.step(grads.flat())                            # Adam, lr 1e-2
 
-made, as ``run_experiment`` makes it, by :class:`qatlab.fused.FusedStep` (one Numba call, the same
-numbers) where that applies (the 64-256-10 shapes) and by these calls otherwise, on fixed
-synthetic data (x ~ U[0, 1), random labels) for each shape. Side by side, in one
+made as ``run_experiment`` makes it: where :class:`qatlab.fused.FusedStep` applies (the 64-256-10
+shapes), :data:`RUN_STEPS` steps in one ``FusedStep.steps`` call (the loop makes its steps in such
+runs, up to the next metrics row: 10 steps with the default ``metrics_every``; the same numbers as
+one call per step), timed per step; else these calls from Python, one step at a time. The column
+``1 call ms`` times ``FusedStep`` one step per call too. Fixed synthetic data (x ~ U[0, 1), random
+labels) for each shape; every step of a run uses the same batch. Side by side, in one
 ``measure_many`` (interleaved round-robin, so they see the same machine load):
 
 * **numpy floor**: the five matrix products of that step in plain numpy with preallocated
@@ -57,6 +60,7 @@ SHAPES: tuple[tuple[tuple[int, ...], int], ...] = (
 )
 LR = 1e-2
 SEED = 0
+RUN_STEPS = 10                           # steps per FusedStep.steps call (run_experiment: metrics_every)
 GOAL_FLOOR_X = 1.5                       # qatlab ms <= 1.5 x numpy floor, every shape
 GOAL_TORCH = {((64, 256, 10), 64): 3.0,  # torch ms / qatlab ms >= this
               ((784, 1024, 10), 256): 1.5}
@@ -104,11 +108,16 @@ def _qatlab_setup(sizes, batch):
     return mlp, scratch, grads, opt
 
 
-def make_qatlab_step(sizes, batch, x, labels, fused=True):
-    """(step, mlp, grads): step() runs one qatlab training step on (x, labels) and returns the loss:
-    a :class:`FusedStep` where it applies (unless ``fused`` is False), else the Python calls."""
+def make_qatlab_step(sizes, batch, x, labels, fused=True, run=1):
+    """(step, mlp, grads): step() runs qatlab training steps on (x, labels): with a
+    :class:`FusedStep` where it applies (unless ``fused`` is False) ``run`` steps in one
+    ``FusedStep.steps`` call (run = 1: one ``FusedStep`` call, returning the loss), else one step
+    through the Python calls (returning the loss)."""
     mlp, scratch, grads, opt = _qatlab_setup(sizes, batch)
     one_call = FusedStep.build(mlp, scratch, grads, opt) if fused else None
+    if one_call is not None and run > 1:
+        idx = np.tile(np.arange(batch, dtype=np.int64), run)
+        return (lambda: one_call.steps(x, idx, run, labels=labels)), mlp, grads
     if one_call is not None:
         return (lambda: one_call(x, labels=labels)), mlp, grads
     flat = grads.flat()
@@ -315,7 +324,7 @@ def _breakdown_table(per_shape: dict) -> Table:
         "glue")
     add("full step, these calls from Python (same measure_many)", {s: per_shape[s]["breakdown"]["step_us"]
                                                                    for s in keys}, "step")
-    add("the step timed in the main table (FusedStep where it applies)",
+    add("FusedStep, one call per step (where it applies; the main table's 1 call ms)",
         {s: per_shape[s]["breakdown"]["pieces"]["fused"] for s in keys}, "timed")
     add("numpy floor: the 5 matmuls (main table)", {s: per_shape[s]["floor_ms"] * 1e3 for s in keys}, "floor")
     cols = [Column("piece", "piece (us per step; % of the full step)")]
@@ -413,12 +422,16 @@ def _first_call_rows(quick: bool) -> list[dict]:
 
 def _bench_shape(sizes, batch, opts: BenchOptions, torch, torch_default_threads) -> dict:
     x, labels = _data(sizes, batch)
-    step, _, _ = make_qatlab_step(sizes, batch, x, labels)
+    fused = FusedStep.build(*_qatlab_setup(sizes, batch)) is not None
+    run = RUN_STEPS if fused else 1
+    step, _, _ = make_qatlab_step(sizes, batch, x, labels, run=run)
     floor = make_numpy_floor(sizes, batch, x)
     fns = {"qatlab": step, "floor": floor}
+    if fused:
+        fns["one_call"] = make_qatlab_step(sizes, batch, x, labels)[0]
     kw = dict(repeats=opts.repeats, warmup=opts.warmup, min_time=opts.min_time)
-    res = {"sizes": list(sizes), "batch": batch, "shape": shape_label(sizes, batch),
-           "fused": FusedStep.build(*_qatlab_setup(sizes, batch)) is not None}
+    res = {"sizes": list(sizes), "batch": batch, "shape": shape_label(sizes, batch), "fused": fused,
+           "steps_per_call": run}
     if torch is not None:
         from . import bench_torch_ref as ref
 
@@ -432,7 +445,12 @@ def _bench_shape(sizes, batch, opts: BenchOptions, torch, torch_default_threads)
     else:
         ms = measure_many(fns, **kw)
         msn = None
+    ms["qatlab"] = ms["qatlab"].per(run)
+    if msn is not None:
+        msn["qatlab"] = msn["qatlab"].per(run)
     q, f = ms["qatlab"], ms["floor"]
+    if fused:
+        res["one_call_ms"] = ms["one_call"].median * 1e3
     res.update({
         "qatlab_ms": q.median * 1e3, "floor_ms": f.median * 1e3, "x_floor": q.median / f.median,
         "qatlab_spread_pct": 100.0 * q.rel_spread, "floor_spread_pct": 100.0 * f.rel_spread,
@@ -461,6 +479,7 @@ MAIN_COLUMNS = [
     Column("steps_per_s", "steps/s", "{:.0f}"),
     Column("floor_ms", "numpy floor ms", "{:.3f}"),
     Column("x_floor", "qatlab/floor", "{:.2f}x"),
+    Column("one_call_ms", "1 call ms", "{:.3f}"),
     Column("torch1_ms", "torch 1t ms", "{:.3f}"),
     Column("torch1_x", "torch 1t/qatlab", "{:.2f}x"),
     Column("torchN_ms", "torch default ms", "{:.3f}"),
@@ -529,9 +548,11 @@ def run(opts: BenchOptions) -> SuiteResult:
         "(qatlab.parallel), "
         "the floor runs on one thread",
         "qatlab step: mlp.forward (TernaryQuantizer, identity STE, on every layer) + cross_entropy_loss + "
-        "mlp.backward(need_input_grad=False) + Adam.step(flat), lr 1e-2, in one Numba call (qatlab.fused."
-        "FusedStep, as run_experiment) at " + ", ".join(fused_shapes or ["no shape"]) + "; synthetic x ~ U[0,1), "
-        "random labels",
+        "mlp.backward(need_input_grad=False) + Adam.step(flat), lr 1e-2; at " + ", ".join(fused_shapes or
+                                                                                    ["no shape"])
+        + f" as run_experiment makes it: {RUN_STEPS} steps per qatlab.fused.FusedStep.steps call (one Numba call "
+        "that also gathers each batch), time per step; '1 call ms': FusedStep, one call per step; synthetic "
+        "x ~ U[0,1), random labels",
         "numpy floor: the 5 matmuls x@W1.T, h@W2.T, dY.T@h, dY@W2, dH.T@x with np.matmul(out=), nothing else",
         "qatlab, floor and torch 1-thread are interleaved in one measure_many; torch at its default thread "
         "count in a second one together with qatlab (its ratio uses that run's qatlab time, shown; torch's "

@@ -87,6 +87,10 @@ class Measurement:
         return cls(median=med, min=xs[0], max=xs[-1], q1=q1, q3=q3, mad=mad,
                    repeats=len(xs), number=int(number), samples=tuple(samples))
 
+    def per(self, n: int) -> "Measurement":
+        """The same samples divided by ``n``: time per step of a call that makes ``n`` steps."""
+        return Measurement.from_samples([x / n for x in self.samples], self.number)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every field (seconds), for JSON rows."""
         return {"median_s": self.median, "min_s": self.min, "max_s": self.max, "iqr_s": self.iqr,

@@ -57,6 +57,11 @@ def test_quartiles_match_numpy():
     assert m.median == pytest.approx(np.median(xs))
 
 
+def test_measurement_per_step():
+    m = Measurement.from_samples([2.0, 4.0, 6.0, 8.0], number=3).per(2)
+    assert (m.median, m.min, m.max, m.number, m.samples) == (2.5, 1.0, 4.0, 3, (1.0, 2.0, 3.0, 4.0))
+
+
 def test_measurement_rejects_empty():
     with pytest.raises(ValueError, match="samples"):
         Measurement.from_samples([])

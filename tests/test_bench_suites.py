@@ -60,7 +60,9 @@ def test_train_suite_quick_structure(tiny_train, tmp_path):
         assert r["qatlab_ms"] > 0 and r["floor_ms"] > 0
         assert r["x_floor"] == pytest.approx(r["qatlab_ms"] / r["floor_ms"])
         assert "torch1_ms" not in r                                    # torch hidden: no torch columns
-        assert set(r["raw"]) == {"qatlab", "floor"}
+        assert set(r["raw"]) == {"qatlab", "floor", "one_call"} and r["steps_per_call"] == bench_train.RUN_STEPS
+        assert r["one_call_ms"] == pytest.approx(r["raw"]["one_call"]["median_s"] * 1e3)
+        assert r["qatlab_ms"] == pytest.approx(r["raw"]["qatlab"]["median_s"] * 1e3)   # per step of a run
     keys = {c["key"] for c in main["columns"]}
     assert {"qatlab_ms", "floor_ms", "x_floor", "torch1_ms", "torch1_x", "torchN_ms", "torchN_x"} <= keys
 
