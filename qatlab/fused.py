@@ -82,8 +82,8 @@ class FusedStep:
         self._opt_kernel = opt.fused_kernel() if opt is not None else None
         self.stash_sumsq = math.nan
         self._batch_bufs = {}
-        self._block = (np.zeros((0, 8)), np.zeros(0), np.zeros(0, np.int64), np.zeros(0))
-        self.losses, self.correct = self._block[1], self._block[2]   # of the last steps() call
+        self._block = (np.zeros((0, 8)), np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+        self.losses, self.correct, self.stash_sumsqs = self._block[1], self._block[2], self._block[4]   # last steps()
 
     def _batch_rows(self, B):
         rows = self._rows.get(B)
@@ -93,17 +93,21 @@ class FusedStep:
             rows = self._rows[B] = (tuple(h), tuple(self.grads._rows(B)[0]))
         return rows
 
-    def steps(self, X, idx, count: int, labels=None, targets=None, onehot: bool = False) -> int:
-        """``count`` UPDATE steps in one call, as ``count`` calls of ``self(x_j, ...)`` at the
-        optimizer's scheduled learning rates, where batch j is ``X[idx[j*B:(j+1)*B]]``.
+    def steps(self, X, idx, count: int, labels=None, targets=None, onehot: bool = False, stash=None,
+              clip: float = 0.0, accumulate=None, accumulate_fresh: bool = False) -> int:
+        """``count`` UPDATE steps in one call, as ``count`` calls of ``self(x_j, ..., stash=stash,
+        clip=clip)`` at the optimizer's scheduled learning rates, where batch j is
+        ``X[idx[j*B:(j+1)*B]]``.
 
         X (n, in) float32 C-contiguous (a training split); idx int64 (count * B,) row numbers,
         B <= scratch.batch_size; labels int64 (n,) of X's rows: softmax cross-entropy, or MSE
-        against their one-hot rows with ``onehot``; or targets float32 (n, K) (MSE). Afterwards
-        :attr:`losses` float64 and :attr:`correct` int64 (rows whose argmax is the label; 0
-        without labels) hold one entry per step made, and the objects are left as after the last
-        one. Returns the steps made: ``count``, or fewer when a loss is not finite (that step,
-        the last one made, updated nothing).
+        against their one-hot rows with ``onehot``; or targets float32 (n, K) (MSE). accumulate
+        (float32 (n,), with a stash): each step's stashed gradient is added to it (with
+        ``accumulate_fresh`` the first one is copied into it); the stash holds the last one.
+        Afterwards :attr:`losses` float64, :attr:`correct` int64 (rows whose argmax is the label;
+        0 without labels) and :attr:`stash_sumsqs` float64 hold one entry per step made, and the
+        objects are left as after the last one. Returns the steps made: ``count``, or fewer when
+        a loss or a stashed gradient is not finite (that step, the last one made, updated nothing).
         """
         mlp, opt = self.mlp, self.opt
         if opt is None:
@@ -130,9 +134,13 @@ class FusedStep:
                     and targets.shape == (len(X), n_out) and targets.flags.c_contiguous):
                 raise ValueError(f"targets: expected C-contiguous float32 of shape ({len(X)}, {n_out})")
             labels, onehot = _NO_LABELS, True
+        stash, acc = self._check_stash(stash), self._check_stash(accumulate, "accumulate")
+        if acc is not _NO_STATE and stash is _NO_STATE:
+            raise ValueError("accumulate: needs a stash")
+        clip = self._check_clip(clip)
         B = len(idx) // count
         xb, lab, tgt = self._batch_buffers(B)
-        scs, losses, correct, norms = self._block_buffers(count)
+        scs, losses, correct, norms, sumsqs = self._block_buffers(count)
         lrs = [opt.schedule(opt.t + j) for j in range(count)]
         for j, lr in enumerate(lrs):
             opt.fused_scalars(lr, ahead=j, out=scs[j])
@@ -143,13 +151,28 @@ class FusedStep:
         code, s0, s1 = self._opt_kernel
         done = train_steps(X, labels, targets, idx, bool(onehot), xb, lab, tgt, mlp._act, self._ternary, stes,
                            self._alphas, self._ws, self._bs, self._wqs, hs, ds, self._dws, self._dbs, code, s0, s1,
-                           self._params, self._grads, scs, losses, correct, norms)
+                           self._params, self._grads, scs, stash, clip, acc, bool(accumulate_fresh), losses, correct,
+                           norms, sumsqs)
         self._after(xb, hs)
-        updated = done if math.isfinite(losses[done - 1]) else done - 1
-        for j in range(updated):
+        last_ok = math.isfinite(losses[done - 1]) and (stash is _NO_STATE or math.isfinite(sumsqs[done - 1]))
+        for j in range(done if last_ok else done - 1):
             opt.fused_done(lrs[j], norms[j])
-        self.losses, self.correct = losses[:done], correct[:done]
+        self.losses, self.correct, self.stash_sumsqs = losses[:done], correct[:done], sumsqs[:done]
         return done
+
+    def _check_stash(self, stash, name="stash"):
+        if stash is None:
+            return _NO_STATE
+        if not (stash.__class__ is np.ndarray and stash.dtype == np.float32 and stash.shape == self._grads.shape
+                and stash.flags.c_contiguous):
+            raise ValueError(f"{name}: expected a C-contiguous float32 array of shape {self._grads.shape}")
+        return stash
+
+    @staticmethod
+    def _check_clip(clip):
+        if clip != 0.0 and not 0.0 < clip < math.inf:
+            raise ValueError(f"clip: expected 0 (off) or a finite number > 0, got {clip!r}")
+        return float(clip)
 
     def _batch_buffers(self, B):
         bufs = self._batch_bufs.get(B)
@@ -160,7 +183,8 @@ class FusedStep:
 
     def _block_buffers(self, count):
         if len(self._block[1]) < count:
-            self._block = (np.zeros((count, 8)), np.zeros(count), np.zeros(count, np.int64), np.zeros(count))
+            self._block = (np.zeros((count, 8)), np.zeros(count), np.zeros(count, np.int64), np.zeros(count),
+                           np.zeros(count))
         return tuple(b[:count] for b in self._block)
 
     def _after(self, x, hs) -> None:
@@ -201,8 +225,7 @@ class FusedStep:
             labels = _NO_LABELS
         if stage not in _STAGES:
             raise ValueError(f"stage: expected FORWARD (0), BACKWARD (1) or UPDATE (2), got {stage!r}")
-        if clip != 0.0 and not 0.0 < clip < math.inf:
-            raise ValueError(f"clip: expected 0 (off) or a finite number > 0, got {clip!r}")
+        clip = self._check_clip(clip)
         hs, ds = self._batch_rows(B)
         if stage == UPDATE:
             if opt is None:
@@ -215,14 +238,10 @@ class FusedStep:
         stes = self._stes
         for i, q in self._ternary_layers:       # a quantizer's STE may have changed
             stes[i] = q._code
-        if stash is None:
-            stash = _NO_STATE
-        elif not (stash.__class__ is np.ndarray and stash.dtype == np.float32 and stash.shape == self._grads.shape
-                  and stash.flags.c_contiguous):
-            raise ValueError(f"stash: expected a C-contiguous float32 array of shape {self._grads.shape}")
+        stash = self._check_stash(stash)
         loss, norm, self.stash_sumsq = train_step(
             x, labels, targets, stage, mlp._act, self._ternary, stes, self._alphas, self._ws, self._bs,
-            self._wqs, hs, ds, self._dws, self._dbs, code, s0, s1, self._params, self._grads, sc, stash, float(clip))
+            self._wqs, hs, ds, self._dws, self._dbs, code, s0, s1, self._params, self._grads, sc, stash, clip)
         self._after(x, hs)
         if stage == UPDATE and math.isfinite(loss) and (stash is _NO_STATE or math.isfinite(self.stash_sumsq)):
             opt.fused_done(lr, norm)

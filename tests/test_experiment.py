@@ -485,6 +485,15 @@ def _count_passes(monkeypatch) -> dict:
         return real_fused(self, *a, stage=stage, **k)
 
     monkeypatch.setattr(FusedStep, "__call__", fused)
+    real_steps = FusedStep.steps
+
+    def steps(self, *a, **k):
+        done = real_steps(self, *a, **k)
+        calls["forward"] += done
+        calls["backward"] += done
+        return done
+
+    monkeypatch.setattr(FusedStep, "steps", steps)
     return calls
 
 

@@ -22,7 +22,7 @@ from .dense import (IDENTITY, act_backward_inplace, bias_act_inplace, count_corr
                     sum_squares)
 from .fakequant import ternary_backward, ternary_forward
 from .optim_kernels import _adam_kernel, _momentum_kernel, _sgd_kernel
-from .phase_kernels import copy_sum_squares
+from .phase_kernels import anchor_trend, copy_sum_squares
 
 FORWARD, BACKWARD, UPDATE = 0, 1, 2   # how far a step goes: loss only, + gradients, + optimizer update
 
@@ -106,21 +106,24 @@ def _update(opt, state0, state1, p, g, sc, gscale):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def train_steps(X, Y, T, idx, mse_loss, xb, labels, targets, act, ternary, stes, alphas,
-                ws, bs, wqs, hs, ds, dws, dbs, opt, state0, state1, p, g, scs, losses, correct, norms):
+def train_steps(X, Y, T, idx, mse_loss, xb, labels, targets, act, ternary, stes, alphas, ws, bs, wqs, hs, ds,
+                dws, dbs, opt, state0, state1, p, g, scs, stash, clip, acc, acc_fresh, losses, correct, norms, sumsqs):
     """``len(scs)`` UPDATE steps of :func:`train_step` in a row, each on its own batch gathered here.
 
     X (n, in) float32: the whole training split; Y (n,) int64 labels, or T (n, K) float32 targets
-    (the other one has 0 rows); idx int64 (steps * B,): batch j is rows ``idx[j*B:(j+1)*B]`` (B = xb's rows). xb (B, in)
-    float32 receives each batch, labels int64 (B,) its labels (with labels), targets float32
-    (B, K) its MSE targets: T's rows, or the one-hot rows of its labels as
+    (the other one has 0 rows); idx int64 (steps * B,): batch j is rows ``idx[j*B:(j+1)*B]`` (B =
+    xb's rows). xb (B, in) float32 receives each batch, labels int64 (B,) its labels (with labels),
+    targets float32 (B, K) its MSE targets: T's rows, or the one-hot rows of its labels as
     :class:`qatlab.train.experiment._Loss` makes them. mse_loss: MSE, else softmax cross-entropy
     (labels only). scs float64 (steps, 8): each step's optimizer scalars
-    (``Optimizer.fused_scalars``). Step j writes losses[j], norms[j] (train_step's) and
-    correct[j] (rows whose argmax is the label; 0 without labels).
+    (``Optimizer.fused_scalars``). stash, clip: as in train_step, every step (stash (0,): none);
+    acc float32 (n,) or (0,): each step's stashed gradient is added to it (float32 adds; with
+    acc_fresh the first one is copied). Step j writes losses[j], norms[j], sumsqs[j] (train_step's)
+    and correct[j] (rows whose argmax is the label; 0 without labels).
 
-    Returns the steps made: all, or j + 1 when step j's loss (or an alpha) is not finite -- that
-    step updated nothing, as in train_step, and the later ones did not run.
+    Returns the steps made: all, or j + 1 when step j's loss (or an alpha) or its stashed
+    gradient is not finite -- that step updated nothing (acc included), as in train_step, and the
+    later ones did not run.
     """
     B = xb.shape[0]
     has_labels = Y.shape[0] > 0
@@ -137,10 +140,41 @@ def train_steps(X, Y, T, idx, mse_loss, xb, labels, targets, act, ternary, stes,
                 targets[r, :] = T[row, :]
         step_labels = labels[:0] if mse_loss else labels
         step_targets = targets if mse_loss else targets[:0]
-        loss, norm, _ = train_step(xb, step_labels, step_targets, UPDATE, act, ternary, stes, alphas, ws, bs, wqs,
-                                   hs, ds, dws, dbs, opt, state0, state1, p, g, scs[j], g[:0], 0.0)
-        losses[j], norms[j] = loss, norm
-        if not np.isfinite(loss):
+        loss, norm, sumsq = train_step(xb, step_labels, step_targets, UPDATE, act, ternary, stes, alphas, ws, bs,
+                                       wqs, hs, ds, dws, dbs, opt, state0, state1, p, g, scs[j], stash, clip)
+        losses[j], norms[j], sumsqs[j] = loss, norm, sumsq
+        if not np.isfinite(loss) or (stash.shape[0] > 0 and not np.isfinite(sumsq)):
             return j + 1
+        if acc.shape[0] > 0:
+            if acc_fresh and j == 0:
+                for i in range(acc.shape[0]):
+                    acc[i] = stash[i]
+            else:
+                for i in range(acc.shape[0]):
+                    acc[i] += stash[i]
         correct[j] = count_correct(hs[len(hs) - 1], labels) if has_labels else 0
     return scs.shape[0]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def predicted_steps(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, opt, state0, state1, p, scs):
+    """``len(ks)`` predicted steps of phase training, each ``out = anchor_trend(anchor, trend, ks[j],
+    corr, corr_scales[j])`` (the prediction) and an optimizer update from ``gain * out`` clipped
+    to global norm ``max_norm`` (0: off) as PhaseTrainer clips, by the optimizer of
+    :func:`train_step` (``opt``, its states and ``scs[j]`` as there).
+
+    anchor, trend, corr, out, p float32 (n,); ks, corr_scales float64 (steps,); scs float64
+    (steps, 8). Returns (steps whose gradient was clipped, the last step's norm of gain * out,
+    the last step's norm as the optimizer's own clipping measured it: NaN unless that is on).
+    """
+    clipped = 0
+    norm = opt_norm = math.nan
+    for j in range(ks.shape[0]):
+        sumsq = anchor_trend(anchor, trend, ks[j], corr, corr_scales[j], out)
+        norm = math.sqrt(sumsq * gain * gain)
+        scale = 1.0
+        if max_norm > 0 and norm > max_norm:
+            scale = max_norm / (norm + 1e-6)
+            clipped += 1
+        opt_norm = _update(opt, state0, state1, p, out, scs[j], scale * gain)
+    return clipped, norm, opt_norm

@@ -12,11 +12,13 @@ in passing they cost nothing, where evaluating the whole train split after every
 quarter of a digits run. A non-finite loss ends the run with status ``diverged``.
 
 A model that :class:`~qatlab.fused.FusedStep` covers (small, ternary or float weights, no LSQ
-scales), trained without phase training, makes its full batches in runs that end at the next
-metrics row: each run is one :meth:`~qatlab.fused.FusedStep.steps` call that gathers the
-batches too, the same numbers as one call per step. The Python around each step (batch gather,
-loss and accuracy bookkeeping, the ``report`` call) was 15% of a default digits step; it also
-held the GIL, which the dashboard's event loop and the other runs wait for.
+scales) makes its full batches in runs that end at the next metrics row: each run is one
+:meth:`~qatlab.fused.FusedStep.steps` call that gathers the batches too, the same numbers as one
+call per step. With phase training, runs of WARMUP/FULL steps go the same way and runs of PREDICT
+steps (before the row step, which measures its loss) in one call each
+(:mod:`qatlab.train.phase_loop`); CORRECT steps and the rest go one at a time. The Python around
+each step (batch gather, loss and accuracy bookkeeping, the ``report`` call) was 15% of a default
+digits step; it also held the GIL, which the dashboard's event loop and the other runs wait for.
 """
 from __future__ import annotations
 
@@ -218,7 +220,7 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
             raise ValueError(f"phase.gradient_accumulation: {cfg.phase.gradient_accumulation} micro-batches "
                              f"need batch_size >= that, got {bs}")
         phase = PhaseStepper(cfg.phase, mlp, scratch, grads, loss_fn, fused)
-    elif fused is not None:
+    if fused is not None:
         block = loss_fn.fused_block(data.y_train)
     rng = np.random.default_rng(cfg.optim.seed)
 
@@ -244,15 +246,25 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
             if report is not None and not report(step, total):
                 status, message = "stopped", f"stopped by request at step {step}"
                 break
-            if block is not None and data.n_train - pos >= bs:
-                # the full batches up to the next metrics row, in one call (module doc)
-                next_row = 1 if step == 0 else (step // every + 1) * every
-                count = min(next_row - step, (data.n_train - pos) // bs)
-                t_before = opt.t
+            # runs of full batches in one call, up to the next metrics row (module doc)
+            to_row, before_row = _run_limits(step, every, (data.n_train - pos) // bs)
+            run = 0
+            if block is not None and to_row:
+                run = to_row if phase is None else phase.backward_run_length(to_row)
+            if run:
+                t_before, idx = opt.t, order[pos: pos + run * bs]
                 with STEP_SLOTS:
-                    fused.steps(data.X_train, order[pos: pos + count * bs], count, **block)
+                    if phase is None:
+                        fused.steps(data.X_train, idx, run, **block)
+                    else:
+                        phase.backward_run(data.X_train, idx, run, **block)
                 losses, lr, n_rows = fused.losses.tolist(), opt.schedule(t_before + len(fused.losses) - 1), bs
                 correct, counted = int(fused.correct.sum()), len(losses) * bs
+            elif phase is not None and (run := phase.predicted_run_length(before_row)):
+                lr = opt.lr
+                with STEP_SLOTS:
+                    phase.predicted_run(run)
+                losses, n_rows, correct, counted = [None] * run, bs, 0, 0    # no forward pass: no loss
             else:
                 idx = order[pos: pos + bs]
                 xb = data.X_train.take(idx, axis=0, out=xbuf[: len(idx)])   # the method: np.take's
@@ -322,6 +334,14 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
         final.update(phase.final())
     return RunResult(history=log.columns(), final=final, model=mlp, status=status, message=message,
                      config=cfg.to_dict())
+
+
+def _run_limits(step: int, every: int, full_batches: int) -> tuple[int, int]:
+    """How many steps a run from ``step`` may make: up to and including the next metrics-row step,
+    and up to but not including it (a PREDICT step there measures its loss: a forward pass);
+    both at most the full batches left in the epoch."""
+    next_row = 1 if step == 0 else (step // every + 1) * every
+    return min(next_row - step, full_batches), min(next_row - step - 1, full_batches)
 
 
 def _active_fraction(mlp: Mlp, grads) -> float:

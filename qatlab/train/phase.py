@@ -51,6 +51,12 @@ A loop that owns its optimizer can skip the last pass of each: after one
 :class:`~qatlab.fused.FusedStep` covers, a backward step is one fused call that writes the
 gradient into :meth:`PhaseTrainer.real_gradient_buffer` itself, see :meth:`~PhaseTrainer.record_written`).
 
+Runs of steps in one call: :meth:`PhaseTrainer.backward_run` makes up to
+:meth:`PhaseTrainer.backward_run_length` WARMUP/FULL steps through one caller-supplied call (e.g.
+:meth:`qatlab.fused.FusedStep.steps`), :meth:`PhaseTrainer.predicted_steps` up to
+:meth:`PhaseTrainer.predict_run_length` PREDICT steps in one Numba call that also updates a
+:class:`qatlab.optim.Optimizer`; each books its steps exactly as the per-step protocol above.
+
 Adaptive phases (``adaptive_phases``), applied when a cycle with a predict block ends, with
 L_F / L_P the mean measured loss over that cycle's FULL steps / predict block (steps ended with
 ``end_step(None)`` are left out)::
@@ -552,6 +558,129 @@ class PhaseTrainer:
         if isinstance(out, np.ndarray):
             return out
         return dict(self._out_views) if out is None else self._layout.copy_out(self._out, out)
+
+    def backward_run_length(self) -> int:
+        """How many of the next steps are WARMUP or FULL steps in a row (0 if the next one is
+        PREDICT or CORRECT, a step is in progress, or gradient_accumulation > 1);
+        :meth:`backward_run` can make them in one call."""
+        if self._in_step or self._segment is TrainingPhase.PREDICT or self._accumulation != 1:
+            return 0
+        return int(min(self._segment_length(self._segment) - self._pos, 2 ** 31))
+
+    def backward_run(self, count: int, make_steps) -> int:
+        """Make up to ``count`` (<= :meth:`backward_run_length`) WARMUP/FULL steps through one call
+        of ``make_steps(stash, accumulate, accumulate_fresh) -> (losses, sumsqs)``, and book them as
+        begin_step / record_written(sumsqs[j]) / end_step(losses[j]) would each.
+
+        ``make_steps`` makes the steps in order, each writing its real gradient into ``stash``
+        (float32 (n), the last one stays) and adding it to ``accumulate`` (copying the first one
+        when ``accumulate_fresh``), updating with it clipped to max_grad_norm, and returns their
+        losses and gradients' float64 sums of squares: all ``count``, or up to the first step
+        whose loss or gradient is not finite (it updated nothing). E.g.
+        ``FusedStep.steps(X, idx, count, labels=y, stash=stash, clip=max_grad_norm,
+        accumulate=accumulate, accumulate_fresh=accumulate_fresh)``.
+
+        Returns the steps booked: the ones before the first non-finite loss (that step is left
+        unbooked: the run diverged). A step with a finite loss and a non-finite gradient raises
+        ValueError naming the parameter, as :meth:`record_written`.
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= self.backward_run_length():
+            raise ValueError(f"count: expected 1 <= count <= backward_run_length() = {self.backward_run_length()}, "
+                             f"got {count!r}")
+        pred = self._predictor
+        t0 = _clock()
+        losses, sumsqs = make_steps(self._real, pred.block_sum, pred.block_count == 0)
+        seconds = _clock() - t0
+        losses, sumsqs = [float(v) for v in losses], [float(v) for v in sumsqs]
+        done = len(losses)
+        while done and not (math.isfinite(losses[done - 1]) and math.isfinite(sumsqs[done - 1])):
+            done -= 1
+        real = self._real
+        if done < len(losses) and math.isfinite(losses[done]):     # the gradient is not finite
+            self._layout.check_flat(real)                           # raises, naming the parameter
+            raise ValueError(f"sumsq: must be finite, got {sumsqs[done]}")
+        if done:
+            first = self._total
+            self._real = pred.adopt_run(real, first, done)
+            self._micro_batches += done
+            phase = self._segment
+            code = phase.value
+            for loss, sumsq in zip(losses[:done], sumsqs[:done]):
+                self._set_clip(real, sumsq)
+                self._counts[code] += 1
+                self._total += 1
+                self._loss_sums[code] += loss
+                self._loss_counts[code] += 1
+                if code:    # not WARMUP
+                    acc = self._cycle_loss[0]
+                    acc[0] += loss
+                    acc[1] += 1
+                self._prev_phase = phase
+                self._advance()
+            self._seconds[0] += seconds
+            self._timed[0] += done
+        return done
+
+    def predict_run_length(self) -> int:
+        """How many of the next steps are PREDICT steps in a row (0 if the next one is not, or a
+        step is in progress); :meth:`predicted_steps` can make them in one call."""
+        if self._in_step or self._segment is not TrainingPhase.PREDICT:
+            return 0
+        j, every = self._pos + 1, self._correct_every
+        if j % every == 0:
+            return 0
+        return min((j // every + 1) * every, self._predict_len + 1) - j
+
+    def predicted_steps(self, count: int, opt, params: np.ndarray, out: np.ndarray) -> None:
+        """Make the next ``count`` (<= :meth:`predict_run_length`) PREDICT steps in one Numba call,
+        each updating ``opt`` -- a :class:`qatlab.optim.Optimizer` over ``params``, one flat
+        float32 (n,) array holding every parameter in ``layout`` order -- exactly as this would,
+        losses unmeasured::
+
+            for _ in range(count):
+                self.begin_step()
+                self.get_predicted_gradients(out, clip=False)
+                opt.step(out, grad_scale=self.clip_scale)
+                self.end_step(None)
+
+        ``out`` float32 (n,) is left holding the last prediction (unscaled). The time of the call
+        counts as predicted-step seconds.
+        """
+        from ..kernels.fused import predicted_steps     # (qatlab.kernels.fused imports this package's kernels)
+
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= self.predict_run_length():
+            raise ValueError(f"count: expected 1 <= count <= predict_run_length() = {self.predict_run_length()}, "
+                             f"got {count!r}")
+        dst = self._layout.check_flat(out, "out", finite=False)
+        if not (hasattr(opt, "is_over") and opt.is_over(self._layout.check_flat(params, "params", finite=False))):
+            raise ValueError("opt: expected an Optimizer over exactly the flat array params")
+        t0 = _clock()
+        pred = self._predictor
+        if pred.anchor_step < 0:
+            raise RuntimeError("predict: no real gradient recorded yet")
+        first = self._total
+        pred.prepare()
+        ks = np.array([pred.steps_since_anchor(first + j) for j in range(count)])
+        corr_scales = np.array([pred.correction_scale(first + j) for j in range(count)])
+        lrs = [opt.schedule(opt.t + j) for j in range(count)]
+        scs = np.zeros((count, 8))
+        for j, lr in enumerate(lrs):
+            opt.fused_scalars(lr, ahead=j, out=scs[j])
+        code, s0, s1 = opt.fused_kernel()
+        clipped, norm, opt_norm = predicted_steps(pred.anchor, pred.trend, ks, pred.correction, corr_scales,
+                                                  float(pred.gain), self._max_grad_norm, dst, code, s0, s1,
+                                                  params, scs)
+        for lr in lrs:
+            opt.fused_done(lr, opt_norm)
+        self._clipped += clipped
+        self._last_norm = norm
+        self._seconds[1] += _clock() - t0
+        self._timed[1] += count
+        self._counts[_PREDICT] += count
+        self._total += count
+        self._prev_phase = TrainingPhase.PREDICT
+        for _ in range(count):
+            self._advance()
 
     def apply_correction(self, grads: dict) -> CorrectionResult:
         """Manual correction: fold real ``grads`` measured at the current step into the

@@ -9,6 +9,12 @@ prediction and the optimizer update alone, and its loss is None. The gradients t
 the model's one flat gradient buffer (``Gradients.flat()``), so the optimizer call is the
 same in both modes.
 
+Runs (a FusedStep covers the model, gradient_accumulation = 1): consecutive WARMUP/FULL steps
+go through one :meth:`FusedStep.steps` call (:meth:`PhaseStepper.backward_run`) and consecutive
+PREDICT steps through one kernel call (:meth:`PhaseStepper.predicted_run`), booked by
+:meth:`PhaseTrainer.backward_run` / :meth:`PhaseTrainer.predicted_steps`, with the numbers of
+one :meth:`PhaseStepper.step` each.
+
 What a skipped forward changes: the epoch's train loss and the adaptive-phase rule average
 the measured steps (every FULL and CORRECT step, and PREDICT steps that log a row); a
 quantizer with an observer (``scale_mode="observer"``) sees only the batches that ran forward.
@@ -78,6 +84,36 @@ class PhaseStepper:
         update(flat, info.needs_backward, scale)
         self.trainer.end_step(loss)
         return loss
+
+    def backward_run_length(self, limit: int) -> int:
+        """How many of the next steps (at most ``limit``) :meth:`backward_run` can make in one call:
+        the WARMUP/FULL steps in a row ahead, when a FusedStep covers the model; else 0."""
+        return max(0, min(limit, self.trainer.backward_run_length())) if self.fused is not None else 0
+
+    def backward_run(self, X, idx, count: int, **targets) -> int:
+        """``count`` (<= :meth:`backward_run_length`) WARMUP/FULL steps on the batches
+        ``X[idx[j*B:(j+1)*B]]`` in one :meth:`FusedStep.steps` call (``targets``: its labels /
+        targets / onehot arguments), booked by :meth:`PhaseTrainer.backward_run`. Returns the
+        steps made; their losses and correct counts are the FusedStep's ``losses``, ``correct``."""
+        fused = self.fused
+
+        def make_steps(stash, accumulate, fresh):
+            fused.steps(X, idx, count, stash=stash, clip=self.max_grad_norm, accumulate=accumulate,
+                        accumulate_fresh=fresh, **targets)
+            return fused.losses, fused.stash_sumsqs
+
+        self.trainer.backward_run(count, make_steps)
+        return len(fused.losses)
+
+    def predicted_run_length(self, limit: int) -> int:
+        """How many of the next steps (at most ``limit``) :meth:`predicted_run` can make in one call:
+        the PREDICT steps in a row ahead, when a FusedStep covers the model; else 0."""
+        return max(0, min(limit, self.trainer.predict_run_length())) if self.fused is not None else 0
+
+    def predicted_run(self, count: int) -> None:
+        """``count`` (<= :meth:`predicted_run_length`) PREDICT steps in one call
+        (:meth:`PhaseTrainer.predicted_steps`): no forward pass, so no loss."""
+        self.trainer.predicted_steps(count, self.fused.opt, self.mlp.flat_params(), self.grads.flat())
 
     def _loss(self, x, y, backward: bool) -> float:
         """The batch loss; with ``backward`` also its gradient in ``grads`` (unless not finite)."""

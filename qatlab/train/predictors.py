@@ -263,6 +263,19 @@ class GradientPredictor:
         self._after_push(step, block)
         return old
 
+    def adopt_run(self, grad: np.ndarray, first_step: int, count: int) -> np.ndarray:
+        """:meth:`adopt` of ``count`` real gradients at steps first_step, first_step + 1, ... of the
+        open block, whose sum the caller already accumulated into :attr:`block_sum` (copying the
+        first one when :attr:`block_count` was 0); ``grad`` is the last one. Returns the previous
+        anchor array, as :meth:`adopt`."""
+        self._check_step(first_step)
+        old, self.anchor = self.anchor, grad
+        self.anchor_step = int(first_step + count - 1)
+        self.block_count += count
+        for step in range(first_step, first_step + count):
+            self.block_steps += step
+        return old
+
     def _after_push(self, step: int, block: bool) -> None:
         self.anchor_step = int(step)
         if block:
@@ -314,11 +327,20 @@ class GradientPredictor:
         """:meth:`predict` into ``out``; returns sum(out^2) (float64)."""
         if self.anchor_step < 0:
             raise RuntimeError("predict: no real gradient recorded yet")
+        self.prepare()
+        return anchor_trend(self.anchor, self.trend, self.steps_since_anchor(step), self.correction,
+                            self.correction_scale(step), out)
+
+    def prepare(self) -> None:
+        """Close the open block and bring the trend up to date: then a prediction at step t is
+        ``anchor_trend(anchor, trend, steps_since_anchor(t), correction, correction_scale(t))``."""
         self.close_block()
         if self._trend_stale:
             self._update_trend()
-        k = float(step - self.anchor_step) if self.has_trend else 0.0
-        return anchor_trend(self.anchor, self.trend, k, self.correction, self.correction_scale(step), out)
+
+    def steps_since_anchor(self, step: int) -> float:
+        """k of the prediction at ``step``: step - t1, or 0.0 while there is no trend (after :meth:`prepare`)."""
+        return float(step - self.anchor_step) if self.has_trend else 0.0
 
     def fold(self, actual: np.ndarray, predicted: np.ndarray, step: int) -> CorrectionResult:
         """Measure actual - predicted at ``step``, fold it into the correction and (with
