@@ -33,7 +33,7 @@ reported in the ``deterministic`` field). Columns:
   column ``pred_cosine``; ``cos>0`` the share of those corrections with a positive cosine.
 
 A second table per workload says where the time goes: milliseconds per backward step and per
-predicted step (PhaseTrainer's begin_step..end_step timers, from ``log.meta["phase_stats"]``),
+predicted step (PhaseTrainer's begin_step..end_step timers, or its runs' per step, from ``log.meta["phase_stats"]``),
 the loop time outside those (batch gather, metrics rows), and the wall-clock speedup an ideal
 phase run with the same step counts could reach given component costs measured in isolation
 (forward+loss, backward, optimizer, predictor, metrics row; see the components table).
@@ -527,7 +527,8 @@ def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeat
         "data and batch order); train seconds exclude the per-epoch evaluation; est x = PhaseTrainer's estimate",
         "cos = nanmean of history['pred_cosine'] (cosine of predicted vs real gradient on CORRECT steps); "
         "cos>0 = share of corrections with a positive cosine",
-        "ms/bwd step and ms/pred step: PhaseTrainer's begin_step..end_step timers (forward, backward or "
+        "ms/bwd step and ms/pred step: PhaseTrainer's begin_step..end_step timers, or its runs' time per step "
+        "(backward_run, predicted_steps) (forward, backward or "
         "prediction, clipping, optimizer); outside % = share of train seconds outside those (batch gather, "
         "metrics rows, loop)",
         "ideal x = speedup a phase run with the same step counts would reach if every step cost only its "
