@@ -88,7 +88,15 @@ def fq_forward_mask(x, inv_s, s, zp, qmin, qmax, out, mask):
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
 def fq_backward(x, g, ste, inv_s, zp, qmin, qmax, c, inv_h, out):
-    """out[i] = STE gradient (see module doc); x, g, out float32 (n,); ste int code 0..3."""
+    """out[i] = STE gradient (see module doc); x, g, out float32 (n,); ste int code 0..3.
+
+    out may be g itself (the usual call: the gradient is rewritten in place); that case runs a
+    loop over one array, which LLVM vectorises, where the two-array loop on aliased arrays takes
+    its scalar fallback (measured 3-8x slower).
+    """
+    if g.ctypes.data == out.ctypes.data:
+        _fq_backward_inplace(x, out, ste, inv_s, zp, qmin, qmax, c, inv_h)
+        return
     n = x.shape[0]
     if ste == 0:
         for i in range(n):
@@ -104,7 +112,25 @@ def fq_backward(x, g, ste, inv_s, zp, qmin, qmax, c, inv_h, out):
     else:
         for i in range(n):
             a = np.float32(1.0) - np.abs((x[i] - c) * inv_h)
-            out[i] = g[i] * a if a > 0 else np.float32(0.0)
+            out[i] = g[i] * a if a > np.float32(0.0) else np.float32(0.0)
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _fq_backward_inplace(x, g, ste, inv_s, zp, qmin, qmax, c, inv_h):
+    """g[i] = STE gradient of g[i] at x[i], in place (see :func:`fq_backward`)."""
+    n = x.shape[0]
+    if ste == 1:
+        for i in range(n):
+            v = np.rint(x[i] * inv_s) + zp
+            g[i] = g[i] if (v >= qmin) & (v <= qmax) else np.float32(0.0)
+    elif ste == 2:
+        for i in range(n):
+            t = tanh32((x[i] - c) * inv_h)
+            g[i] = g[i] * (np.float32(1.0) - t * t)
+    elif ste == 3:
+        for i in range(n):
+            a = np.float32(1.0) - np.abs((x[i] - c) * inv_h)
+            g[i] = g[i] * a if a > np.float32(0.0) else np.float32(0.0)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_SUMS)
@@ -174,7 +200,7 @@ def fq_backward_pc(x, g, ste, inv_s, zp, qmin, qmax, c, inv_h, out):
                     out[o, ch, i] = gi * (np.float32(1.0) - t * t)
                 else:
                     h = np.float32(1.0) - np.abs((x[o, ch, i] - cc) * ih)
-                    out[o, ch, i] = gi * h if h > 0 else np.float32(0.0)
+                    out[o, ch, i] = gi * h if h > np.float32(0.0) else np.float32(0.0)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_SUMS)
