@@ -15,6 +15,10 @@ earlier: FORWARD (loss only; dL/dy is still written), BACKWARD (+ gradients, no 
 
 Why: at 64-256-10, batch 64, a step is ~20 kernel calls of a few microseconds each; the Python
 around them (dispatch, argument checks, views) was a quarter of the step.
+
+``step.steps(X, idx, count, labels=...)`` makes ``count`` such steps in one call, gathering each
+batch from the training split itself (what ``run_experiment`` does between metrics rows), with
+the numbers of ``count`` single calls.
 """
 from __future__ import annotations
 
@@ -121,7 +125,7 @@ class FusedStep:
         if not (idx.__class__ is np.ndarray and idx.dtype == np.int64 and idx.ndim == 1 and len(idx) % count == 0
                 and 1 <= len(idx) // count <= self.scratch.batch_size):
             raise ValueError(f"idx: expected int64 (count * B,) with 1 <= B <= {self.scratch.batch_size}")
-        if len(idx) and not 0 <= int(idx.min()) <= int(idx.max()) < len(X):
+        if not 0 <= int(idx.min()) <= int(idx.max()) < len(X):
             raise ValueError(f"idx: row numbers must lie in [0, {len(X)})")
         if (labels is None) == (targets is None):
             raise ValueError("labels, targets: give exactly one (labels for cross-entropy, targets for MSE)")
