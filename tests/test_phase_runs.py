@@ -147,3 +147,60 @@ def test_backward_run_stops_at_a_non_finite_loss_and_names_a_non_finite_gradient
 
     with pytest.raises(ValueError, match=r"grads\['w0'\]: contains NaN or inf"):
         stepper.trainer.backward_run(2, nan_gradient)
+
+
+@pytest.mark.parametrize("in_runs", [False, True])
+def test_predicted_steps_at_gain_zero_make_no_update(in_runs):
+    """Gain 0 hands out zeros; the optimizer is left alone (Adam would otherwise coast on its momentum)."""
+    stepper, opt = _stepper()
+    X, y = _data()
+    stepper.backward_run(X, np.arange(3 * B, dtype=np.int64), 3, labels=y)      # FULL: anchor, Adam state
+    stepper.trainer._predictor.gain = 0.0
+    before = (stepper.mlp.flat_params().copy(), [s.copy() for s in opt._state], opt.t)
+    calls = []
+    if in_runs:
+        stepper.predicted_run(3)
+    else:
+        for _ in range(3):
+            stepper.step(X[:B], y[:B], lambda *a: calls.append(a), need_loss=False)
+    assert not calls and stepper.trainer.get_stats().predict_steps == 3
+    np.testing.assert_array_equal(stepper.mlp.flat_params(), before[0])
+    for s, s0 in zip(opt._state, before[1]):
+        np.testing.assert_array_equal(s, s0)
+    assert opt.t == before[2] == 3
+    expect = np.empty_like(stepper.grads.flat())
+    stepper.trainer._predictor.predict(5, expect)                                  # the last step's prediction
+    np.testing.assert_array_equal(stepper.grads.flat(), expect)
+
+
+@pytest.mark.parametrize("max_norm", [0.0, 1e9, 0.5])
+def test_predicted_steps_kernel_matches_prediction_then_update(max_norm):
+    """The kernel gives the numbers of anchor_trend into out followed by the Adam kernel, step by
+    step, with the clipping off, not binding and binding."""
+    from qatlab.kernels.fused import predicted_steps
+    from qatlab.kernels.optim_kernels import _adam_kernel
+    from qatlab.kernels.phase_kernels import anchor_trend
+
+    rng = np.random.default_rng(3)
+    n, steps, gain = 500, 4, 0.3
+    anchor, trend, corr = (rng.standard_normal(n).astype(np.float32) * 0.1 for _ in range(3))
+    ks, cs = np.array([1.0, 2.0, 3.0, 4.0]), np.array([0.9, 0.81, 0.0, 0.6561])
+    scs = np.zeros((steps, 8))
+    for j in range(steps):
+        t = j + 1
+        scs[j] = [0.0, 0.0, 1.0, 0.9, 0.999, 0.01 / (1 - 0.9 ** t), (1 - 0.999 ** t) ** 0.5, 1e-8]
+    p, m, v = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    v = np.abs(v)
+    p2, m2, v2 = p.copy(), m.copy(), v.copy()
+    out, out2 = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    clipped, norm, _ = predicted_steps(anchor, trend, ks, corr, cs, gain, max_norm, out, 2, m, v, p, scs)
+    ref_clipped = 0
+    for j in range(steps):
+        ref_norm = math.sqrt(anchor_trend(anchor, trend, ks[j], corr, cs[j], out2) * gain * gain)
+        scale = 1.0
+        if max_norm > 0 and ref_norm > max_norm:
+            scale, ref_clipped = max_norm / (ref_norm + 1e-6), ref_clipped + 1
+        _adam_kernel(p2, out2, m2, v2, scale * gain, *scs[j][1:])
+    assert (clipped, norm) == (ref_clipped, ref_norm) and (ref_clipped > 0) == (max_norm == 0.5)
+    for a, b in ((p, p2), (m, m2), (v, v2), (out, out2)):
+        np.testing.assert_array_equal(a, b)

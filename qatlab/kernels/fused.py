@@ -161,7 +161,7 @@ def predicted_steps(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, o
     """``len(ks)`` predicted steps of phase training, each ``out = anchor_trend(anchor, trend, ks[j],
     corr, corr_scales[j])`` (the prediction) and an optimizer update from ``gain * out`` clipped
     to global norm ``max_norm`` (0: off) as PhaseTrainer clips, by the optimizer of
-    :func:`train_step` (``opt``, its states and ``scs[j]`` as there).
+    :func:`train_step` (``opt``, its states and ``scs[j]`` as there); no update when gain is 0.
 
     anchor, trend, corr, out, p float32 (n,); ks, corr_scales float64 (steps,); scs float64
     (steps, 8). Returns (steps whose gradient was clipped, the last step's norm of gain * out,
@@ -169,6 +169,10 @@ def predicted_steps(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, o
     """
     clipped = 0
     norm = opt_norm = math.nan
+    last = ks.shape[0] - 1
+    if gain == 0.0:     # no updates: only the last prediction is left in out
+        sumsq = anchor_trend(anchor, trend, ks[last], corr, corr_scales[last], out)
+        return clipped, math.sqrt(sumsq * gain * gain), opt_norm
     for j in range(ks.shape[0]):
         sumsq = anchor_trend(anchor, trend, ks[j], corr, corr_scales[j], out)
         norm = math.sqrt(sumsq * gain * gain)

@@ -534,6 +534,11 @@ class PhaseTrainer:
         """The predicted gradient for this PREDICT step (correction included) times the
         predictor's learned gain (:mod:`qatlab.train.predictors`), clipped.
 
+        A gain of 0 (the predictions so far carry no signal) hands out zeros, which a caller should
+        not give to its optimizer: a zero gradient still moves Adam or momentum SGD along their
+        momentum (``run_experiment`` and :meth:`predicted_steps` make no update then, as an
+        optimizer skips a parameter without a gradient).
+
         With ``out`` a flat float32 (n,) array the prediction is written straight into it (and
         clipped there, unless ``clip`` is False: then multiply by :attr:`clip_scale` yourself);
         each call recomputes it (deterministic), the clipping counts once a step.
@@ -640,7 +645,8 @@ class PhaseTrainer:
             for _ in range(count):
                 self.begin_step()
                 self.get_predicted_gradients(out, clip=False)
-                opt.step(out, grad_scale=self.clip_scale)
+                if self.clip_scale != 0:        # 0: the gain is 0, no update (get_predicted_gradients)
+                    opt.step(out, grad_scale=self.clip_scale)
                 self.end_step(None)
 
         ``out`` float32 (n,) is left holding the last prediction (unscaled). The time of the call
@@ -662,7 +668,8 @@ class PhaseTrainer:
         pred.prepare()
         ks = np.array([pred.steps_since_anchor(first + j) for j in range(count)])
         corr_scales = np.array([pred.correction_scale(first + j) for j in range(count)])
-        lrs = [opt.schedule(opt.t + j) for j in range(count)]
+        # gain 0: no update (see get_predicted_gradients), so no learning rates
+        lrs = [opt.schedule(opt.t + j) for j in range(count)] if pred.gain != 0.0 else []
         scs = np.zeros((count, 8))
         for j, lr in enumerate(lrs):
             opt.fused_scalars(lr, ahead=j, out=scs[j])
