@@ -92,45 +92,29 @@ def fq_backward(x, g, ste, inv_s, zp, qmin, qmax, c, inv_h, out):
 
     out may be g itself (the usual call: the gradient is rewritten in place); that case runs a
     loop over one array, which LLVM vectorises, where the two-array loop on aliased arrays takes
-    its scalar fallback (measured 3-8x slower).
+    its scalar fallback (measured 3-8x slower inside the fused training step).
     """
     if g.ctypes.data == out.ctypes.data:
-        _fq_backward_inplace(x, out, ste, inv_s, zp, qmin, qmax, c, inv_h)
-        return
-    n = x.shape[0]
-    if ste == 0:
-        for i in range(n):
-            out[i] = g[i]
-    elif ste == 1:
-        for i in range(n):
-            v = np.rint(x[i] * inv_s) + zp
-            out[i] = g[i] if (v >= qmin) & (v <= qmax) else np.float32(0.0)
-    elif ste == 2:
-        for i in range(n):
-            t = tanh32((x[i] - c) * inv_h)
-            out[i] = g[i] * (np.float32(1.0) - t * t)
+        for i in range(x.shape[0]):
+            out[i] = ste_grad(ste, out[i], x[i], inv_s, zp, qmin, qmax, c, inv_h)
     else:
-        for i in range(n):
-            a = np.float32(1.0) - np.abs((x[i] - c) * inv_h)
-            out[i] = g[i] * a if a > np.float32(0.0) else np.float32(0.0)
+        for i in range(x.shape[0]):
+            out[i] = ste_grad(ste, g[i], x[i], inv_s, zp, qmin, qmax, c, inv_h)
 
 
-@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-def _fq_backward_inplace(x, g, ste, inv_s, zp, qmin, qmax, c, inv_h):
-    """g[i] = STE gradient of g[i] at x[i], in place (see :func:`fq_backward`)."""
-    n = x.shape[0]
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy", inline="always")
+def ste_grad(ste, g, x, inv_s, zp, qmin, qmax, c, inv_h):
+    """The STE gradient of one element (float32 g at float32 x); see the module doc."""
     if ste == 1:
-        for i in range(n):
-            v = np.rint(x[i] * inv_s) + zp
-            g[i] = g[i] if (v >= qmin) & (v <= qmax) else np.float32(0.0)
-    elif ste == 2:
-        for i in range(n):
-            t = tanh32((x[i] - c) * inv_h)
-            g[i] = g[i] * (np.float32(1.0) - t * t)
-    elif ste == 3:
-        for i in range(n):
-            a = np.float32(1.0) - np.abs((x[i] - c) * inv_h)
-            g[i] = g[i] * a if a > np.float32(0.0) else np.float32(0.0)
+        v = np.rint(x * inv_s) + zp
+        return g if (v >= qmin) & (v <= qmax) else np.float32(0.0)
+    if ste == 2:
+        t = tanh32((x - c) * inv_h)
+        return g * (np.float32(1.0) - t * t)
+    if ste == 3:
+        a = np.float32(1.0) - np.abs((x - c) * inv_h)
+        return g * a if a > np.float32(0.0) else np.float32(0.0)
+    return g
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_SUMS)
@@ -189,18 +173,7 @@ def fq_backward_pc(x, g, ste, inv_s, zp, qmin, qmax, c, inv_h, out):
         for ch in range(x.shape[1]):
             a, z, cc, ih = inv_s[ch], zp[ch], c[ch], inv_h[ch]
             for i in range(x.shape[2]):
-                gi = g[o, ch, i]
-                if ste == 0:
-                    out[o, ch, i] = gi
-                elif ste == 1:
-                    v = np.rint(x[o, ch, i] * a) + z
-                    out[o, ch, i] = gi if (v >= qmin) & (v <= qmax) else np.float32(0.0)
-                elif ste == 2:
-                    t = tanh32((x[o, ch, i] - cc) * ih)
-                    out[o, ch, i] = gi * (np.float32(1.0) - t * t)
-                else:
-                    h = np.float32(1.0) - np.abs((x[o, ch, i] - cc) * ih)
-                    out[o, ch, i] = gi * h if h > np.float32(0.0) else np.float32(0.0)
+                out[o, ch, i] = ste_grad(ste, g[o, ch, i], x[o, ch, i], a, z, qmin, qmax, cc, ih)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_SUMS)
