@@ -38,12 +38,16 @@ the loop time outside those (batch gather, metrics rows), and the wall-clock spe
 phase run with the same step counts could reach given component costs measured in isolation
 (forward+loss, backward, optimizer, predictor, metrics row; see the components table).
 
-Goals (issue 4), per phase configuration on digits: measured wall-clock speedup >= 1.5x AND test
-accuracy within 1 percentage point of full backprop, as the mean difference over the optimizer
-seeds 0 and :data:`SEEDS` (each trained once more with full backprop and each phase and diagnostic
-configuration; a third table per seed, diagnostics reported, not judged). The defaults are the
-issue's goal; the other configurations are judged by the same rule. Nothing is tuned to meet
-them. ``--quick``: digits only, 8 epochs, labelled quick in every goal line.
+Goals (issue 4), per phase configuration on digits, over the optimizer seeds 0 and :data:`SEEDS`:
+measured wall-clock speedup >= 1.5x as the median of the per-seed speedups AND test accuracy
+within 1 percentage point of full backprop as the mean of the per-seed differences. Seed 0 is the
+tables above; every other seed is trained :data:`SEED_REPEATS` more times (interleaved) with full
+backprop and each phase and diagnostic configuration (two more tables: accuracy and wall clock
+per seed, with the backward passes; diagnostics reported, not judged). Why the median over seeds:
+the adaptive phase lengths differ from seed to seed (measured: 254 to 425 backward passes of 920
+with the defaults), and so does the speedup. The defaults are the issue's goal; the other
+configurations are judged by the same rule. Nothing is tuned to meet them. ``--quick``: digits
+only, 8 epochs, labelled quick in every goal line.
 """
 from __future__ import annotations
 
@@ -81,6 +85,7 @@ GOAL_ACC_PP = 1.0         # |test accuracy - full backprop| in percentage points
 #: uses the mean difference over all of them (one seed alone decided it before; it was the
 #: luckiest of five for the defaults).
 SEEDS = (1, 2, 3, 4)
+SEED_REPEATS = 3          # interleaved runs per extra seed and configuration (train seconds: their median)
 QUICK_SEEDS = (1,)
 
 
@@ -396,37 +401,52 @@ def _verdict(row: dict) -> str | None:
 
 
 def _judge(row: dict) -> bool:
-    """Wall clock (seed 0 medians) and accuracy: the mean difference over the seeds when measured."""
+    """Wall clock and accuracy, over the seeds when measured: the median of the per-seed wall-clock
+    speedups (seed 0: the medians of the main table) and the mean accuracy difference."""
+    wall = row.get("wall_speedup_seeds", row["wall_speedup"])
     acc = row.get("acc_delta_seeds_pp", row["acc_delta_pp"])
-    return bool(row["wall_speedup"] >= GOAL_WALL_X and abs(acc) <= GOAL_ACC_PP)
+    return bool(wall >= GOAL_WALL_X and abs(acc) <= GOAL_ACC_PP)
 
 
 def _seed_rows(wl: Workload, vs: Sequence[Variant], seeds: Sequence[int], rows: list[dict],
-               progress: Callable[[str], None] | None) -> list[dict]:
-    """Train the baseline and every phase variant once per extra seed; per phase row, the accuracy
-    difference per seed (seed 0 from ``rows``), their mean and the worst; also stored in ``rows``."""
-    acc: dict[str, dict[int, float]] = {}
-    for v in vs:
-        if v.kind not in ("baseline", "phase", "diagnostic"):
-            continue
-        acc[v.key] = {}
-        for seed in seeds:
-            if progress:
-                progress(f"{wl.key}: {v.label}, seed {seed}")
-            cfg = variant_config(wl.config, v)
-            cfg.optim.seed = seed
-            acc[v.key][seed] = train_once(cfg)["test_accuracy"]
-    base = acc[vs[0].key]
-    out = []
+               progress: Callable[[str], None] | None) -> tuple[list[dict], list[dict]]:
+    """Train the baseline and every phase variant :data:`SEED_REPEATS` times (interleaved) per extra
+    seed. Per phase row: the accuracy difference per seed (seed 0 from ``rows``), their mean and
+    the worst; the wall-clock speedup per seed (median train seconds of the baseline over the
+    variant's, same seed), their median, and the backward passes per seed; also stored in ``rows``.
+    Returns (accuracy rows, wall-clock rows)."""
+    keep = [v for v in vs if v.kind in ("baseline", "phase", "diagnostic")]
+    runs: dict[str, dict[int, list[dict]]] = {v.key: {sd: [] for sd in seeds} for v in keep}
+    for seed in seeds:
+        for rep in range(SEED_REPEATS):
+            for v in keep:
+                if progress:
+                    progress(f"{wl.key}: {v.label}, seed {seed}, repeat {rep + 1}/{SEED_REPEATS}")
+                cfg = variant_config(wl.config, v)
+                cfg.optim.seed = seed
+                runs[v.key][seed].append(train_once(cfg))
+    base = runs[vs[0].key]
+    base_s = {sd: _median([r["train_seconds"] for r in base[sd]]) for sd in seeds}
+    acc_rows, wall_rows = [], []
     for v, row in zip(vs, rows):
         if v.kind not in ("phase", "diagnostic"):
             continue
-        deltas = [row["acc_delta_pp"]] + [100.0 * (acc[v.key][sd] - base[sd]) for sd in seeds]
+        mine = runs[v.key]
+        deltas = [row["acc_delta_pp"]] + [100.0 * (mine[sd][0]["test_accuracy"] - base[sd][0]["test_accuracy"])
+                                          for sd in seeds]
+        walls = [row["wall_speedup"]] + [base_s[sd] / _median([r["train_seconds"] for r in mine[sd]])
+                                         for sd in seeds]
+        backward = [row["backward_passes"]] + [mine[sd][0]["backward_passes"] for sd in seeds]
         row["acc_delta_seeds_pp"] = statistics.fmean(deltas)
         row["acc_delta_worst_pp"] = min(deltas)
-        out.append({"label": v.label, **{f"seed_{sd}": d for sd, d in zip((0, *seeds), deltas)},
-                    "mean": row["acc_delta_seeds_pp"], "worst": row["acc_delta_worst_pp"]})
-    return out
+        row["wall_speedup_seeds"] = statistics.median(walls)
+        row["wall_speedup_per_seed"] = walls
+        seed_keys = [f"seed_{sd}" for sd in (0, *seeds)]
+        acc_rows.append({"label": v.label, **dict(zip(seed_keys, deltas)), "mean": row["acc_delta_seeds_pp"],
+                         "worst": row["acc_delta_worst_pp"]})
+        wall_rows.append({"label": v.label, **{k: f"{w:.2f}x ({b})" for k, w, b in zip(seed_keys, walls, backward)},
+                          "median": row["wall_speedup_seeds"]})
+    return acc_rows, wall_rows
 
 
 def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeats: int = RUN_REPEATS,
@@ -477,7 +497,7 @@ def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeat
                               if v.phase is not None else None)
             row["ideal_speedup"] = _ideal_speedup(costs, row["steps"], row["backward_passes"],
                                                   row["predictor"] or "momentum", wl.config.metrics_every)
-        seed_rows = _seed_rows(wl, vs, seeds, rows, progress) if wl.goal and seeds else []
+        seed_rows, wall_rows = _seed_rows(wl, vs, seeds, rows, progress) if wl.goal and seeds else ([], [])
         for row, v in zip(rows, vs):
             row["goal_passed"] = _judge(row) if v.kind == "phase" else None
             row["verdict"] = _verdict(row)
@@ -491,6 +511,11 @@ def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeat
                                  *[Column(f"seed_{sd}", f"seed {sd}", "{:+.2f}") for sd in (0, *seeds)],
                                  Column("mean", "mean", "{:+.2f}"), Column("worst", "worst", "{:+.2f}")],
                                 seed_rows))
+            tables.append(Table(f"{wl.label}: wall-clock speedup (backward passes) per optimizer seed (medians "
+                                f"of {SEED_REPEATS} interleaved runs each; seed 0 = the table above){tag}",
+                                [Column("label", "configuration"),
+                                 *[Column(f"seed_{sd}", f"seed {sd}") for sd in (0, *seeds)],
+                                 Column("median", "median", "{:.2f}x")], wall_rows))
         step_ms = costs["forward_loss"] + costs["backward"] + costs["optimizer"]
         comp = {"workload": wl.key, **{f"{k}_ms": 1e3 * s for k, s in costs.items()},
                 "backward_share": costs["backward"] / step_ms if step_ms > 0 else math.nan,
@@ -504,7 +529,10 @@ def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeat
                 continue
             seeds_txt = (f"; over {len(seeds) + 1} seeds {row['acc_delta_seeds_pp']:+.1f} pp mean, "
                          f"{row['acc_delta_worst_pp']:+.1f} pp worst" if "acc_delta_seeds_pp" in row else "")
-            measured = (f"{row['wall_speedup']:.2f}x wall-clock (trainer estimate {row['wall_estimate']:.2f}x, "
+            wall_txt = (f"{row['wall_speedup_seeds']:.2f}x wall-clock median over {len(seeds) + 1} seeds (seed 0 "
+                        f"{row['wall_speedup']:.2f}x, " if "wall_speedup_seeds" in row
+                        else f"{row['wall_speedup']:.2f}x wall-clock (")
+            measured = (wall_txt + f"trainer estimate {row['wall_estimate']:.2f}x, "
                         f"{row['step_speedup']:.2f}x fewer backward passes), {row['acc_delta_pp']:+.1f} pp accuracy "
                         f"({row['test_accuracy_pct']:.1f}% vs {base['test_accuracy_pct']:.1f}%{seeds_txt}), "
                         f"prediction cosine {row['cosine']:+.2f}")
@@ -512,7 +540,7 @@ def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeat
             if wl.goal:
                 goals.append(Goal(name, row["goal_passed"], measured,
                                   f"wall-clock >= {GOAL_WALL_X:.1f}x and |Δacc| <= {GOAL_ACC_PP:.0f} pp"
-                                  + (" (mean over the seeds)" if "acc_delta_seeds_pp" in row else "")))
+                                  + (" (median and mean over the seeds)" if "acc_delta_seeds_pp" in row else "")))
             else:
                 notes.append(f"{row['verdict']} (no goal on this workload; digits rule applied) {name}: {measured}")
         notes.extend(_why(wl, rows, costs, tag))

@@ -148,8 +148,9 @@ class PredictionConfig(_Config):
     learned_gain = param.Boolean(default=True, doc=(
         "Scale every prediction by its least-squares gain measured on the correct steps so far, "
         "clamp(sum a.p / sum p.p, 0, 1) (1 before the first): predictions that do not point "
-        "where the real gradients go shrink towards zero instead of pushing the weights; at gain 0 "
-        "a predicted step makes no optimizer update."))
+        "where the real gradients go shrink towards zero instead of pushing the weights. The predicted "
+        "step is made at learning rate * gain too (Adam's step hardly shrinks with its gradient); at "
+        "gain 0 it makes no optimizer update."))
 
 
 class TernaryConfig(_Config):

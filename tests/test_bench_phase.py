@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import statistics
 
 import pytest
 
@@ -85,15 +86,19 @@ def test_goal_rule():
     assert not judge({"wall_speedup": math.nan, "acc_delta_pp": 0.0})
     assert not judge({"wall_speedup": 2.0, "acc_delta_pp": 0.3, "acc_delta_seeds_pp": -1.2})   # seeds decide
     assert judge({"wall_speedup": 2.0, "acc_delta_pp": -3.0, "acc_delta_seeds_pp": 0.9})
+    assert not judge({"wall_speedup": 1.6, "acc_delta_pp": 0.0, "wall_speedup_seeds": 1.4})    # median of seeds
+    assert judge({"wall_speedup": 1.2, "acc_delta_pp": 0.0, "wall_speedup_seeds": 1.5})
 
 
 def test_suite_tiny_structure_and_json(tiny_suite, tmp_path):
     result, payload, text = _run_cli(tmp_path)
     assert payload["suite"] == "phase"
     titles = [t["title"] for t in payload["tables"]]
-    assert len(titles) == 4
+    assert len(titles) == 5
     assert "phase training vs full backprop" in titles[0] and "where the time goes" in titles[1]
-    assert "per optimizer seed" in titles[2] and titles[3].startswith("component costs")
+    assert "accuracy" in titles[2] and "per optimizer seed" in titles[2]
+    assert "wall-clock speedup (backward passes) per optimizer seed" in titles[3]
+    assert titles[4].startswith("component costs")
 
     rows = payload["tables"][0]["rows"]
     keys = [r["variant"] for r in rows]
@@ -126,7 +131,13 @@ def test_suite_tiny_structure_and_json(tiny_suite, tmp_path):
         assert sr["seed_0"] == pytest.approx(r["acc_delta_pp"])
         assert sr["mean"] == pytest.approx((sr["seed_0"] + sr["seed_1"]) / 2) == pytest.approx(r["acc_delta_seeds_pp"])
         assert sr["worst"] == min(sr["seed_0"], sr["seed_1"])
-    comp = payload["tables"][3]["rows"]
+    wall_rows = payload["tables"][3]["rows"]
+    assert [r["label"] for r in wall_rows] == [r["label"] for r in rows[1:5]]
+    for wr, r in zip(wall_rows, rows[1:5]):
+        assert wr["seed_0"] == f"{r['wall_speedup']:.2f}x ({r['backward_passes']})"
+        assert r["wall_speedup_seeds"] == pytest.approx(statistics.median(r["wall_speedup_per_seed"]))
+        assert wr["median"] == r["wall_speedup_seeds"] and len(r["wall_speedup_per_seed"]) == 2
+    comp = payload["tables"][4]["rows"]
     assert len(comp) == 1 and comp[0]["workload"] == "synthetic"
     for k in ("forward_loss_ms", "backward_ms", "optimizer_ms", "predict_momentum_ms",
               "predict_least_squares_ms", "metrics_row_ms", "max_speedup"):
@@ -137,7 +148,8 @@ def test_suite_tiny_structure_and_json(tiny_suite, tmp_path):
     for g, r in zip(goals, rows[1:5]):
         assert g["status"] == ("PASS" if r["goal_passed"] else "MISS")
         assert "wall-clock" in g["measured"] and "pp accuracy" in g["measured"] and "cosine" in g["measured"]
-        assert g["target"] == "wall-clock >= 1.5x and |Δacc| <= 1 pp (mean over the seeds)"
+        assert g["target"] == "wall-clock >= 1.5x and |Δacc| <= 1 pp (median and mean over the seeds)"
+        assert "median over 2 seeds" in g["measured"]
         assert "over 2 seeds" in g["measured"]
     assert any(n.startswith("why (synthetic [quick])") and "cosine" in n for n in payload["notes"])
     assert any(n.startswith("QUICK run") for n in payload["notes"])

@@ -60,7 +60,7 @@ def _same(a, b):
 def test_runs_match_step_by_step(predictor, warmup, limit):
     X, y = _data()
     (one, opt1), (runs, opt2) = _stepper(predictor, warmup), _stepper(predictor, warmup)
-    update = lambda flat, real, scale: opt1.step(flat, grad_scale=scale)      # noqa: E731
+    update = lambda flat, real, scale, lr_scale: opt1.step(flat, lr=opt1.lr * lr_scale, grad_scale=scale)  # noqa: E731
     order = np.random.default_rng(1).integers(0, N, 200 * B)
     losses1, losses2, made = [], [], {"backward": 0, "predicted": 0}
     step = 0
@@ -204,3 +204,20 @@ def test_predicted_steps_kernel_matches_prediction_then_update(max_norm):
     assert (clipped, norm) == (ref_clipped, ref_norm) and (ref_clipped > 0) == (max_norm == 0.5)
     for a, b in ((p, p2), (m, m2), (v, v2), (out, out2)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_lr_scale_is_the_gain_on_predict_steps_only():
+    stepper, opt = _stepper()
+    trainer = stepper.trainer
+    X, y = _data()
+    assert trainer.lr_scale == 1.0
+    stepper.backward_run(X, np.arange(3 * B, dtype=np.int64), 3, labels=y)
+    trainer._predictor.gain = 0.25
+    info = trainer.begin_step()
+    assert info.phase.name == "PREDICT" and trainer.lr_scale == 0.25
+    trainer.get_predicted_gradients(stepper.grads.flat(), clip=False)
+    trainer.end_step(None)
+    assert trainer.lr_scale == 1.0                       # between steps
+    lr0, t0 = opt.lr, opt.t
+    stepper.predicted_run(2)
+    assert opt.t == t0 + 2 and opt.last_lr == pytest.approx(lr0 * 0.25)

@@ -224,8 +224,8 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
         block = loss_fn.fused_block(data.y_train)
     rng = np.random.default_rng(cfg.optim.seed)
 
-    def update(flat_grads, real_gradient: bool, grad_scale: float = 1.0):
-        opt.step(flat_grads, grad_scale=grad_scale)
+    def update(flat_grads, real_gradient: bool, grad_scale: float = 1.0, lr_scale: float = 1.0):
+        opt.step(flat_grads, lr=opt.lr * lr_scale if lr_scale != 1.0 else None, grad_scale=grad_scale)
         if lsq and real_gradient:  # LSQ scale gradients exist only after a real backward pass
             lsq.step()
 

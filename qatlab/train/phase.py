@@ -26,7 +26,8 @@ Per step, in a training loop (``k`` = gradient_accumulation micro-batches)::
         g = pt.gradients_for_update()             # clipped real gradient
     else:                                         # PREDICT: no backward pass
         g = pt.get_predicted_gradients()          # gain * (prediction + learned correction), clipped
-    optimizer.step(g)
+    if pt.lr_scale > 0:                           # the gain on PREDICT steps (no update at 0), else 1
+        optimizer.step(g, lr=scheduled_lr * pt.lr_scale)
     pt.end_step(loss)
 
 Every real gradient (mean of the k micro-batches) becomes the predictor's anchor; the real
@@ -291,6 +292,14 @@ class PhaseTrainer:
         return self._scale
 
     @property
+    def lr_scale(self) -> float:
+        """The factor for the optimizer's learning rate in the step in progress: the learned gain
+        on a PREDICT step (see :meth:`get_predicted_gradients`), else 1.0."""
+        if self._in_step and not self._info.needs_backward:
+            return self._predictor.gain
+        return 1.0
+
+    @property
     def speedup_ratio(self) -> float:
         """total steps / backward steps (NaN before the first backward step)."""
         bwd = self._backward_steps()
@@ -534,10 +543,13 @@ class PhaseTrainer:
         """The predicted gradient for this PREDICT step (correction included) times the
         predictor's learned gain (:mod:`qatlab.train.predictors`), clipped.
 
-        A gain of 0 (the predictions so far carry no signal) hands out zeros, which a caller should
-        not give to its optimizer: a zero gradient still moves Adam or momentum SGD along their
-        momentum (``run_experiment`` and :meth:`predicted_steps` make no update then, as an
-        optimizer skips a parameter without a gradient).
+        Make the step at the learning rate times :attr:`lr_scale` (the gain): Adam's step hardly
+        shrinks with its gradient (it divides by the root mean square of past gradients), so a
+        gain applied to the gradient alone would leave Adam, and momentum SGD, coasting on their
+        momentum. A gain of 0 (the predictions so far carry no signal) hands out zeros, which a
+        caller should not give to its optimizer at all: ``run_experiment`` and
+        :meth:`predicted_steps` make no update then, as an optimizer skips a parameter without a
+        gradient.
 
         With ``out`` a flat float32 (n,) array the prediction is written straight into it (and
         clipped there, unless ``clip`` is False: then multiply by :attr:`clip_scale` yourself);
@@ -646,7 +658,7 @@ class PhaseTrainer:
                 self.begin_step()
                 self.get_predicted_gradients(out, clip=False)
                 if self.clip_scale != 0:        # 0: the gain is 0, no update (get_predicted_gradients)
-                    opt.step(out, grad_scale=self.clip_scale)
+                    opt.step(out, lr=opt.lr * self.lr_scale, grad_scale=self.clip_scale)
                 self.end_step(None)
 
         ``out`` float32 (n,) is left holding the last prediction (unscaled). The time of the call
@@ -669,7 +681,7 @@ class PhaseTrainer:
         ks = np.array([pred.steps_since_anchor(first + j) for j in range(count)])
         corr_scales = np.array([pred.correction_scale(first + j) for j in range(count)])
         # gain 0: no update (see get_predicted_gradients), so no learning rates
-        lrs = [opt.schedule(opt.t + j) for j in range(count)] if pred.gain != 0.0 else []
+        lrs = [opt.schedule(opt.t + j) * pred.gain for j in range(count)] if pred.gain != 0.0 else []
         scs = np.zeros((count, 8))
         for j, lr in enumerate(lrs):
             opt.fused_scalars(lr, ahead=j, out=scs[j])

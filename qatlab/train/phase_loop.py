@@ -48,9 +48,10 @@ class PhaseStepper:
         self._last_correction_step = -1
 
     def step(self, xb: np.ndarray, yb: np.ndarray, update, need_loss: bool = True) -> float | None:
-        """One step on the batch, then ``update(flat_grads, real_gradient, grad_scale)`` (grad_scale:
-        the max_grad_norm factor still to apply to flat_grads; no call for a PREDICT step while
-        the learned gain is 0, see :meth:`PhaseTrainer.get_predicted_gradients`); see the module doc. With a
+        """One step on the batch, then ``update(flat_grads, real_gradient, grad_scale, lr_scale)``
+        (grad_scale: the factor still to apply to flat_grads; lr_scale: to the learning rate,
+        :attr:`PhaseTrainer.lr_scale`; no call for a PREDICT step while the learned gain is 0, see
+        :meth:`PhaseTrainer.get_predicted_gradients`); see the module doc. With a
         FusedStep and gradient_accumulation = 1, a backward step is one fused call that updates
         through the FusedStep's optimizer (``update`` is not called).
 
@@ -83,7 +84,7 @@ class PhaseStepper:
             self.trainer.get_predicted_gradients(out=flat, clip=False)
             scale = self.trainer.clip_scale     # 0 when the gain is 0: no update (PhaseTrainer doc)
         if scale != 0.0:
-            update(flat, info.needs_backward, scale)
+            update(flat, info.needs_backward, scale, self.trainer.lr_scale)
         self.trainer.end_step(loss)
         return loss
 
