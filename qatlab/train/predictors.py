@@ -78,7 +78,6 @@ seed). With the gain on the gradient only: -0.1 pp (worst -1.1), 1.1x wall-clock
 on the learning rate too: +0.0 pp (worst -0.8), 1.17x (median over the seeds), and the cosine
 rises to about 0 (the anti-correlation was the real gradient pulling back from that coasting).
 """
-"""
 from __future__ import annotations
 
 import math
