@@ -88,7 +88,7 @@ def test_runs_match_step_by_step(predictor, warmup, limit):
 
 
 def test_fused_steps_stash_clip_and_accumulate():
-    (a, opt1), (b, opt2) = _stepper(), _stepper()
+    (a, _), (b, _) = _stepper(), _stepper()
     X, y = _data()
     idx = np.arange(5 * B, dtype=np.int64)
     n = a.mlp.num_params

@@ -90,6 +90,7 @@ import numpy as np
 
 from ..config import PhaseConfig
 from ..kernels.dense import sum_squares
+from ..kernels.fused import predicted_steps
 from ..kernels.phase_kernels import copy_sum_squares
 from .predictors import CorrectionResult, ParamLayout, make_predictor
 from .ternary_accumulator import TernaryGradientAccumulator
@@ -664,8 +665,6 @@ class PhaseTrainer:
         ``out`` float32 (n,) is left holding the last prediction (unscaled). The time of the call
         counts as predicted-step seconds.
         """
-        from ..kernels.fused import predicted_steps     # (qatlab.kernels.fused imports this package's kernels)
-
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= self.predict_run_length():
             raise ValueError(f"count: expected 1 <= count <= predict_run_length() = {self.predict_run_length()}, "
                              f"got {count!r}")
