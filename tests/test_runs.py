@@ -285,7 +285,7 @@ def test_corrupt_file_fails_with_traceback(tmp_path):
 
 def test_exception_mid_training_fails_and_keeps_rows(monkeypatch):
     import qatlab.train.experiment as experiment
-    real = experiment.layer_row
+    real = experiment._layer_row
     calls = {"n": 0}
 
     def flaky(*args, **kwargs):
@@ -294,7 +294,7 @@ def test_exception_mid_training_fails_and_keeps_rows(monkeypatch):
             raise RuntimeError("boom in layer_row")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(experiment, "layer_row", flaky)
+    monkeypatch.setattr(experiment, "_layer_row", flaky)
     run = ql.Run(tiny()).start()
     assert run.join(30)
     assert run.status == "failed" and "RuntimeError: boom in layer_row" in run.message

@@ -259,3 +259,11 @@ def sign_counts(x):
         neg += x[i] < _ZERO
         pos += x[i] > _ZERO
     return neg, pos
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def two_sign_counts(a, b):
+    """:func:`sign_counts` of a and of b in one call: (a neg, a pos, b neg, b pos)."""
+    a_neg, a_pos = sign_counts(a)
+    b_neg, b_pos = sign_counts(b)
+    return a_neg, a_pos, b_neg, b_pos

@@ -34,7 +34,7 @@ from ..config import ExperimentConfig
 from ..data import Dataset, load_dataset
 from ..fpmode import subnormals_flushed
 from ..fused import FusedStep
-from ..kernels.dense import count_correct, sign_counts, sum_squares
+from ..kernels.dense import count_correct, sum_squares, two_sign_counts
 from ..metrics import MetricsLog
 from ..nn import Mlp, cross_entropy_loss, mse_loss
 from ..optim import make_optimizer
@@ -163,17 +163,26 @@ class _LsqScales:
 
 def layer_row(mlp: Mlp, grads, scratch, i: int) -> dict:
     """Per-layer metrics of layer i: grad norm, quantization noise/SQNR/scale/saturation, sign fractions."""
-    w = mlp.weights(i)
-    row = {f"grad_norm_{i}": math.sqrt(sum_squares(grads.d_weights(i).reshape(-1)))}
+    return _layer_row(mlp, grads, scratch, i)[0]
+
+
+_LAYER_METRICS = ("grad_norm", "noise_mse", "sqnr_db", "saturation", "scale", "frac_neg", "frac_zero", "frac_pos")
+_LAYER_KEYS: dict[int, tuple[str, ...]] = {}
+
+
+def _layer_row(mlp: Mlp, grads, scratch, i: int) -> tuple[dict, int]:
+    """(:func:`layer_row`, count of non-zero (and not NaN) weight gradients of layer i)."""
+    keys = _LAYER_KEYS.get(i) or _LAYER_KEYS.setdefault(i, tuple(f"{m}_{i}" for m in _LAYER_METRICS))
+    w, dw, used = mlp.weights(i), grads.d_weights(i).reshape(-1), scratch.weights_used(i)
+    g_neg, g_pos, neg, pos = two_sign_counts(dw, used.reshape(-1))
+    row = {keys[0]: math.sqrt(sum_squares(dw))}
     q = mlp.weight_quantizers[i]
     if q is not None:
-        row[f"noise_mse_{i}"], row[f"sqnr_db_{i}"], row[f"saturation_{i}"] = q.noise_stats(w)
-        row[f"scale_{i}"] = q.alpha if isinstance(q, TernaryQuantizer) else float(np.mean(q.scale))
-    used = scratch.weights_used(i)
+        row[keys[1]], row[keys[2]], row[keys[3]] = q.noise_stats(w)
+        row[keys[4]] = q.alpha if isinstance(q, TernaryQuantizer) else float(np.mean(q.scale))
     n = used.size
-    neg, pos = sign_counts(used.reshape(-1))
-    row.update({f"frac_neg_{i}": neg / n, f"frac_zero_{i}": (n - neg - pos) / n, f"frac_pos_{i}": pos / n})
-    return row
+    row[keys[5]], row[keys[6]], row[keys[7]] = neg / n, (n - neg - pos) / n, pos / n
+    return row, g_neg + g_pos
 
 
 def train_experiment(cfg: ExperimentConfig, log: MetricsLog | None = None, report=None,
@@ -230,6 +239,7 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
             lsq.step()
 
     log.meta.update(n_layers=mlp.num_layers, sizes=list(mlp.sizes), total_steps=total)
+    n_weights = sum(mlp.weights(i).size for i in range(mlp.num_layers))
     every = cfg.metrics_every   # a metrics row every `every` steps (and after the first)
 
     status, message = "finished", ""
@@ -302,9 +312,13 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
             if step % every == 0 or step == 1:
                 row = {"step": step, "epoch": epoch + pos / data.n_train, "time": elapsed,
                        "loss": loss, "lr": lr, "steps_per_second": step / elapsed if elapsed > 0 else math.nan,
-                       "active_grad_fraction": _active_fraction(mlp, grads)}
+                       "active_grad_fraction": 0.0}
+                nonzero = 0
                 for i in range(mlp.num_layers):
-                    row.update(layer_row(mlp, grads, scratch, i))
+                    layer, nz = _layer_row(mlp, grads, scratch, i)
+                    row.update(layer)
+                    nonzero += nz
+                row["active_grad_fraction"] = nonzero / n_weights   # share of latent weights with a non-zero gradient
                 if phase is not None:
                     row.update(phase.metrics())
                 log.append(row)
@@ -344,7 +358,3 @@ def _run_limits(step: int, every: int, full_batches: int) -> tuple[int, int]:
     return min(next_row - step, full_batches), min(next_row - step - 1, full_batches)
 
 
-def _active_fraction(mlp: Mlp, grads) -> float:
-    """Share of latent weights whose gradient this step is non-zero (a NaN gradient counts as zero)."""
-    nonzero = sum(sum(sign_counts(grads.d_weights(i).reshape(-1))) for i in range(mlp.num_layers))
-    return nonzero / sum(mlp.weights(i).size for i in range(mlp.num_layers))
