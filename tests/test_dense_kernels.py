@@ -191,6 +191,9 @@ def test_sign_counts_matches_numpy():
     x[5] = np.nan
     assert K.sign_counts(x) == (np.count_nonzero(x < 0), np.count_nonzero(x > 0))
     assert K.sign_counts(np.zeros(0, np.float32)) == (0, 0)
+    y = rand(300, seed=12)
+    y[::3] = 0.0
+    assert K.two_sign_counts(x, y) == (*K.sign_counts(x), np.count_nonzero(y < 0), np.count_nonzero(y > 0))
 
 
 def test_count_correct_matches_numpy_argmax(rng):
