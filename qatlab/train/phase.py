@@ -622,19 +622,9 @@ class PhaseTrainer:
             self._real = pred.adopt_run(real, first, done)
             self._micro_batches += done
             phase = self._segment
-            code = phase.value
             for loss, sumsq in zip(losses[:done], sumsqs[:done]):
                 self._set_clip(real, sumsq)
-                self._counts[code] += 1
-                self._total += 1
-                self._loss_sums[code] += loss
-                self._loss_counts[code] += 1
-                if code:    # not WARMUP
-                    acc = self._cycle_loss[0]
-                    acc[0] += loss
-                    acc[1] += 1
-                self._prev_phase = phase
-                self._advance()
+                self._book(phase, loss)
             self._seconds[0] += seconds
             self._timed[0] += done
         return done
@@ -694,11 +684,8 @@ class PhaseTrainer:
         self._last_norm = norm
         self._seconds[1] += _clock() - t0
         self._timed[1] += count
-        self._counts[_PREDICT] += count
-        self._total += count
-        self._prev_phase = TrainingPhase.PREDICT
         for _ in range(count):
-            self._advance()
+            self._book(TrainingPhase.PREDICT, None)
 
     def apply_correction(self, grads: dict) -> CorrectionResult:
         """Manual correction: fold real ``grads`` measured at the current step into the
@@ -742,6 +729,11 @@ class PhaseTrainer:
         kind = 0 if backward else 1
         self._seconds[kind] += _clock() - self._t0
         self._timed[kind] += 1
+        self._in_step = False
+        self._book(phase, loss)
+
+    def _book(self, phase: TrainingPhase, loss: float | None) -> None:
+        """Count a finished step of ``phase`` and its loss (None: not measured); advance the schedule."""
         code = phase.value
         self._counts[code] += 1
         self._total += 1
@@ -753,7 +745,6 @@ class PhaseTrainer:
                 acc[0] += loss
                 acc[1] += 1
         self._prev_phase = phase
-        self._in_step = False
         self._advance()
 
     # ------------------------------------------------------------------ reporting
