@@ -23,6 +23,7 @@ digits step; it also held the GIL, which the dashboard's event loop and the othe
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 import time
@@ -166,22 +167,27 @@ def layer_row(mlp: Mlp, grads, scratch, i: int) -> dict:
     return _layer_row(mlp, grads, scratch, i)[0]
 
 
-_LAYER_METRICS = ("grad_norm", "noise_mse", "sqnr_db", "saturation", "scale", "frac_neg", "frac_zero", "frac_pos")
-_LAYER_KEYS: dict[int, tuple[str, ...]] = {}
+#: Per-layer metrics of a row, in row order; layer i's column is ``<metric>_<i>`` (the dashboard reads these).
+LAYER_METRICS = ("grad_norm", "noise_mse", "sqnr_db", "saturation", "scale", "frac_neg", "frac_zero", "frac_pos")
+
+
+@functools.cache
+def _layer_keys(i: int) -> dict[str, str]:
+    return {m: f"{m}_{i}" for m in LAYER_METRICS}
 
 
 def _layer_row(mlp: Mlp, grads, scratch, i: int) -> tuple[dict, int]:
     """(:func:`layer_row`, count of non-zero (and not NaN) weight gradients of layer i)."""
-    keys = _LAYER_KEYS.get(i) or _LAYER_KEYS.setdefault(i, tuple(f"{m}_{i}" for m in _LAYER_METRICS))
+    k = _layer_keys(i)
     w, dw, used = mlp.weights(i), grads.d_weights(i).reshape(-1), scratch.weights_used(i)
     g_neg, g_pos, neg, pos = two_sign_counts(dw, used.reshape(-1))
-    row = {keys[0]: math.sqrt(sum_squares(dw))}
+    row = {k["grad_norm"]: math.sqrt(sum_squares(dw))}
     q = mlp.weight_quantizers[i]
     if q is not None:
-        row[keys[1]], row[keys[2]], row[keys[3]] = q.noise_stats(w)
-        row[keys[4]] = q.alpha if isinstance(q, TernaryQuantizer) else float(np.mean(q.scale))
+        row[k["noise_mse"]], row[k["sqnr_db"]], row[k["saturation"]] = q.noise_stats(w)
+        row[k["scale"]] = q.alpha if isinstance(q, TernaryQuantizer) else float(np.mean(q.scale))
     n = used.size
-    row[keys[5]], row[keys[6]], row[keys[7]] = neg / n, (n - neg - pos) / n, pos / n
+    row[k["frac_neg"]], row[k["frac_zero"]], row[k["frac_pos"]] = neg / n, (n - neg - pos) / n, pos / n
     return row, g_neg + g_pos
 
 
@@ -310,15 +316,14 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
                 acc_rows += counted
             elapsed = time.perf_counter() - t0
             if step % every == 0 or step == 1:
-                row = {"step": step, "epoch": epoch + pos / data.n_train, "time": elapsed,
-                       "loss": loss, "lr": lr, "steps_per_second": step / elapsed if elapsed > 0 else math.nan,
-                       "active_grad_fraction": 0.0}
-                nonzero = 0
+                layers, nonzero = {}, 0
                 for i in range(mlp.num_layers):
                     layer, nz = _layer_row(mlp, grads, scratch, i)
-                    row.update(layer)
+                    layers.update(layer)
                     nonzero += nz
-                row["active_grad_fraction"] = nonzero / n_weights   # share of latent weights with a non-zero gradient
+                row = {"step": step, "epoch": epoch + pos / data.n_train, "time": elapsed,
+                       "loss": loss, "lr": lr, "steps_per_second": step / elapsed if elapsed > 0 else math.nan,
+                       "active_grad_fraction": nonzero / n_weights, **layers}   # weights with a non-zero gradient
                 if phase is not None:
                     row.update(phase.metrics())
                 log.append(row)

@@ -57,6 +57,7 @@ from bokeh.core.property.validation import validate
 from bokeh.core.serialization import Serializer
 from bokeh.models import ColumnDataSource
 
+from ..train.experiment import LAYER_METRICS
 from .figures import PHASE_COLORS, PHASE_NAMES
 
 DISPLAY_CAP = 2000
@@ -67,7 +68,6 @@ PHASE_CAP = 5000
 
 BASE_COLUMNS = ("step", "epoch", "time", "loss", "lr", "steps_per_second", "active_grad_fraction")
 LOSS_COLUMNS = ("step", "epoch", "time", "loss", "loss_s", "k")
-LAYER_METRICS = ("grad_norm", "noise_mse", "sqnr_db", "scale", "saturation", "frac_neg", "frac_zero", "frac_pos")
 PHASE_COLUMNS = ("phase", "backward_passes", "speedup_steps", "speedup_wall", "pred_error", "pred_cosine", "pred_gain",
                  "full_len", "predict_len")
 EVAL_COLUMNS = ("step", "epoch", "time", "test_loss", "test_accuracy", "train_accuracy", "train_loss")
