@@ -132,6 +132,8 @@ class FusedStep:
         if labels is not None:
             if not (labels.__class__ is np.ndarray and labels.dtype == np.int64 and labels.shape == (len(X),)):
                 raise ValueError(f"labels: expected int64 of shape ({len(X)},)")
+            if int(labels.min()) < 0 or int(labels.max()) >= n_out:   # checked before any step is made
+                raise ValueError(f"labels: every label must be in [0, {n_out})")
             targets = self._no_targets
         else:
             if not (targets.__class__ is np.ndarray and targets.dtype == np.float32

@@ -251,6 +251,8 @@ def test_steps_refuse_bad_input():
     for kwargs, match in [(dict(X=X[:, :3]), "X"), (dict(X=X.astype(np.float64)), "X"), (dict(count=3), "idx"),
                           (dict(count=0), "count"), (dict(idx=idx + 15), "idx"), (dict(idx=idx - 1), "idx"),
                           (dict(idx=np.arange(4 * (CAP + 1))), "idx"), (dict(labels=labels[:5]), "labels"),
+                          (dict(labels=np.full(20, SIZES[-1])), r"labels: every label must be in \[0, 5\)"),
+                          (dict(labels=np.full(20, -1), onehot=True), r"labels: every label must be in"),
                           (dict(labels=None), "labels, targets"),
                           (dict(targets=np.zeros((20, 2), np.float32)), "labels, targets"),
                           (dict(labels=None, targets=np.zeros((20, 2), np.float32)), "targets")]:
