@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from . import parallel
-from .kernels.fused import BACKWARD, FORWARD, UPDATE, train_step, train_steps
+from .kernels.fused import BACKWARD, FORWARD, UPDATE, batch_rows_error, train_step, train_steps
 from .nn import _f32_2d, _labels
 from .quant import TernaryQuantizer
 
@@ -104,8 +104,9 @@ class FusedStep:
         ``X[idx[j*B:(j+1)*B]]``.
 
         X (n, in) float32 C-contiguous (a training split); idx int64 (count * B,) row numbers,
-        B <= scratch.batch_size; labels int64 (n,) of X's rows: softmax cross-entropy, or MSE
-        against their one-hot rows with ``onehot``; or targets float32 (n, K) (MSE). accumulate
+        B <= scratch.batch_size; labels int64 (n,) of X's rows (those of the rows in idx in
+        [0, K)): softmax cross-entropy, or MSE against their one-hot rows with ``onehot``; or
+        targets float32 (n, K) (MSE). accumulate
         (float32 (n,), with a stash): each step's stashed gradient is added to it (with
         ``accumulate_fresh`` the first one is copied into it); the stash holds the last one.
         Afterwards :attr:`losses` float64, :attr:`correct` int64 (rows whose argmax is the label;
@@ -125,21 +126,22 @@ class FusedStep:
         if not (idx.__class__ is np.ndarray and idx.dtype == np.int64 and idx.ndim == 1 and len(idx) % count == 0
                 and 1 <= len(idx) // count <= self.scratch.batch_size):
             raise ValueError(f"idx: expected int64 (count * B,) with 1 <= B <= {self.scratch.batch_size}")
-        if not 0 <= int(idx.min()) <= int(idx.max()) < len(X):
-            raise ValueError(f"idx: row numbers must lie in [0, {len(X)})")
         if (labels is None) == (targets is None):
             raise ValueError("labels, targets: give exactly one (labels for cross-entropy, targets for MSE)")
         if labels is not None:
             if not (labels.__class__ is np.ndarray and labels.dtype == np.int64 and labels.shape == (len(X),)):
                 raise ValueError(f"labels: expected int64 of shape ({len(X)},)")
-            if int(labels.min()) < 0 or int(labels.max()) >= n_out:   # checked before any step is made
-                raise ValueError(f"labels: every label must be in [0, {n_out})")
             targets = self._no_targets
         else:
             if not (targets.__class__ is np.ndarray and targets.dtype == np.float32
                     and targets.shape == (len(X), n_out) and targets.flags.c_contiguous):
                 raise ValueError(f"targets: expected C-contiguous float32 of shape ({len(X)}, {n_out})")
             labels, onehot = _NO_LABELS, True
+        bad = batch_rows_error(idx, len(X), labels, n_out)     # before any step is made
+        if bad == 1:
+            raise ValueError(f"idx: row numbers must lie in [0, {len(X)})")
+        if bad == 2:
+            raise ValueError(f"labels: every label of a row in idx must be in [0, {n_out})")
         stash, acc = self._check_stash(stash), self._check_stash(accumulate, "accumulate")
         if acc is not _NO_STATE and stash is _NO_STATE:
             raise ValueError("accumulate: needs a stash")

@@ -7,6 +7,7 @@ import pytest
 import qatlab as ql
 from qatlab import parallel
 from qatlab.fused import BACKWARD, FORWARD, FusedStep, unsupported_reason
+from qatlab.kernels.fused import batch_rows_error
 from qatlab.nn import ACTIVATIONS, Mlp, cross_entropy_loss, mse_loss
 from qatlab.optim import SGD, Adam, Momentum
 from qatlab.quant import FakeQuantize, TernaryQuantizer
@@ -251,8 +252,8 @@ def test_steps_refuse_bad_input():
     for kwargs, match in [(dict(X=X[:, :3]), "X"), (dict(X=X.astype(np.float64)), "X"), (dict(count=3), "idx"),
                           (dict(count=0), "count"), (dict(idx=idx + 15), "idx"), (dict(idx=idx - 1), "idx"),
                           (dict(idx=np.arange(4 * (CAP + 1))), "idx"), (dict(labels=labels[:5]), "labels"),
-                          (dict(labels=np.full(20, SIZES[-1])), r"labels: every label must be in \[0, 5\)"),
-                          (dict(labels=np.full(20, -1), onehot=True), r"labels: every label must be in"),
+                          (dict(labels=np.full(20, SIZES[-1])), r"labels: every label of a row in idx must be in \[0, 5\)"),
+                          (dict(labels=np.full(20, -1), onehot=True), r"labels: every label of a row in idx"),
                           (dict(labels=None), "labels, targets"),
                           (dict(targets=np.zeros((20, 2), np.float32)), "labels, targets"),
                           (dict(labels=None, targets=np.zeros((20, 2), np.float32)), "targets")]:
@@ -260,6 +261,8 @@ def test_steps_refuse_bad_input():
         with pytest.raises(ValueError, match=match):
             fused.steps(args.pop("X"), args.pop("idx"), args.pop("count"), **args)
     assert opt.t == 0 and np.array_equal(mlp.flat_params(), params)
+    labels[19] = SIZES[-1]                  # only the labels of the rows in idx are used and checked
+    assert fused.steps(X, idx, 2, labels=labels) == 2
 
 
 def test_what_it_does_not_cover():
@@ -297,3 +300,18 @@ def test_experiment_history_is_the_same_with_and_without_it(monkeypatch, phase, 
     for key in fused.history:
         if key not in ("time", "steps_per_second", "speedup_wall"):
             np.testing.assert_array_equal(fused.history[key], python.history[key], err_msg=key)
+
+
+def test_batch_rows_error_matches_numpy():
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        n, k = int(rng.integers(1, 30)), int(rng.integers(1, 6))
+        idx = rng.integers(-2, n + 2, size=int(rng.integers(1, 12)))
+        labels = rng.integers(-1, k + 1, size=n) if rng.random() < 0.8 else np.zeros(0, np.int64)
+        if (idx < 0).any() or (idx >= n).any():
+            want = 1
+        elif len(labels) and ((labels[idx] < 0) | (labels[idx] >= k)).any():
+            want = 2
+        else:
+            want = 0
+        assert batch_rows_error(idx, n, labels, k) == want
