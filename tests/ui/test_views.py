@@ -179,6 +179,22 @@ def test_stream_decimates_long_histories():
     assert rs.train.data["step"][-1] >= 1500 - rs.stride
 
 
+def test_stream_plans_its_stride_from_the_planned_rows():
+    run = ql.Run(small_config())
+    run.config.metrics_every = 2
+    run.log.meta["total_steps"] = 2000            # as the trainer sets it before its first row
+    hub = StreamHub(cap=100)
+    rs = hub.stream(run)
+    columns = rs.train.data["k"], rs.loss.data["k"]
+    for start in range(1, 1001, 100):            # 1000 rows arrive over ten ticks
+        feed(run, start, 100, eval_every=10**9)
+        hub.pull()
+    assert rs.stride == 11 == -(-(2000 // 2 + 1) // 100)
+    for k in (rs.train.data["k"], rs.loss.data["k"]):
+        np.testing.assert_array_equal(k, np.arange(0, 1000, 11))   # every 11th row from the first tick
+    assert rs.train.data["k"] is columns[0] and rs.loss.data["k"] is columns[1]   # extended, never resent
+
+
 def test_phase_segments_are_run_length_encoded():
     run = ql.Run(small_config(phase=True))
     hub = StreamHub()
