@@ -212,9 +212,11 @@ class AppServer:
                     raise RuntimeError(f"inspector {path}: HTTP {exc.code}: {exc.read()[:300]!r}") from None
                 time.sleep(0.2)
 
-    def runs(self) -> dict[str, dict]:
-        """``{run id: run dict}`` of every Run in the server process."""
-        return {r["id"]: r for r in self.inspect()["runs"]}
+    def runs(self, ids=None, config: bool = False) -> dict[str, dict]:
+        """``{run id: run dict}`` of every Run in the server process (only ``ids``, when given);
+        with their config dicts only when ``config`` (see :func:`_inspector_state`)."""
+        query = f"?config={int(config)}" + (f"&ids={','.join(ids)}" if ids is not None else "")
+        return {r["id"]: r for r in self.inspect("/state" + query)["runs"]}
 
     def __enter__(self) -> "AppServer":
         return self.start()
@@ -226,11 +228,14 @@ class AppServer:
 # ============================================================================ inspector (server side)
 
 
-def _run_dict(run) -> dict:
-    return {"id": run.id, "name": run.name, "owner": run.owner, "status": run.status,
-            "steps_done": run.steps_done, "total_steps": run.total_steps, "started_at": run.started_at,
-            "finished_at": run.finished_at, "message": (run.message or "")[-300:],
-            "config": run.config.to_dict(), "log_rows": len(run.log), "log_nbytes": run.log.nbytes}
+def _run_dict(run, config: bool = True) -> dict:
+    out = {"id": run.id, "name": run.name, "owner": run.owner, "status": run.status,
+           "steps_done": run.steps_done, "total_steps": run.total_steps, "started_at": run.started_at,
+           "finished_at": run.finished_at, "message": (run.message or "")[-300:],
+           "log_rows": len(run.log), "log_nbytes": run.log.nbytes}
+    if config:
+        out["config"] = run.config.to_dict()
+    return out
 
 
 def _rss_bytes() -> int:
@@ -241,13 +246,20 @@ def _rss_bytes() -> int:
     return 0
 
 
-def _inspector_state() -> dict:
+def _inspector_state(ids=None, config: bool = True) -> dict:
+    """The server process's state; runs restricted to ``ids`` when given, configs only with ``config``.
+
+    The bench polls this while the page streams (not while the headless runs train), from a thread
+    of the measured process: every run's config (Param objects to dicts) made one poll cost more
+    with every round's runs, and the page's throughput fell round after round (13.4k -> 12.5k
+    steps/s over four rounds while the headless one did not)."""
     import sys as _sys
     from .runs import all_runs
     ui = _sys.modules.get("qatlab.ui")
     dashboards = [{"key": id(d), "owner": d.owner, "closed": bool(d.closed), "streaming": bool(d.streaming)}
                   for d in list(ui.DASHBOARDS)] if ui is not None else []
-    return {"time": time.time(), "rss": _rss_bytes(), "runs": [_run_dict(r) for r in all_runs()],
+    runs = [r for r in all_runs() if ids is None or r.id in ids]
+    return {"time": time.time(), "rss": _rss_bytes(), "runs": [_run_dict(r, config) for r in runs],
             "threads": sorted(t.name for t in threading.enumerate()), "dashboards": dashboards}
 
 
@@ -276,7 +288,9 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
             url = urlsplit(self.path)
             try:
                 if url.path == "/state":
-                    body = _inspector_state()
+                    query = parse_qs(url.query)
+                    ids = set(query["ids"][0].split(",")) if "ids" in query else None
+                    body = _inspector_state(ids, query.get("config", ["1"])[0] != "0")
                 elif url.path == "/headless":
                     body = _inspector_headless(int(parse_qs(url.query)["epochs"][0]))
                 else:
@@ -533,15 +547,16 @@ def _new_runs(server: AppServer, before: set, count: int, timeout: float = 60.0)
 
 
 def _wait_done(server: AppServer, ids, timeout: float) -> list[dict]:
-    """Poll until every run in ``ids`` has ended; returns their dicts (possibly unfinished on timeout)."""
+    """Poll (lightly: those runs, no configs, twice a second) until every run in ``ids`` has ended;
+    returns their dicts with configs (possibly unfinished on timeout)."""
     ids = list(ids)
-    runs: dict = {}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        runs = server.runs()
+        runs = server.runs(ids)
         if all(runs[i]["status"] in DONE for i in ids):
             break
-        time.sleep(0.2)
+        time.sleep(0.5)
+    runs = server.runs(ids, config=True)
     return [runs[i] for i in ids]
 
 
@@ -591,7 +606,7 @@ def _memory(browser, server: AppServer, lo: int, hi: int, timeout: float) -> dic
         t0 = time.monotonic()
         run = {}
         while time.monotonic() < t0 + timeout:
-            state = server.inspect()
+            state = server.inspect(f"/state?config=0&ids={rid}")
             run = next(r for r in state["runs"] if r["id"] == rid)
             steps = run["steps_done"]
             samples.append({"t": round(time.monotonic() - t0, 2), "steps": steps, "rss": state["rss"],

@@ -75,6 +75,9 @@ def test_inspector_reports_runs_and_trains_headless():
     assert all(r["steps_done"] == bd.STEPS_PER_EPOCH and r["owner"] == "bench-headless" for r in runs)
     ids = {r["id"] for r in json.loads(urllib.request.urlopen(f"{base}/state", timeout=5).read())["runs"]}
     assert {r["id"] for r in runs} <= ids
+    two = sorted(r["id"] for r in runs)[:2]
+    light = json.loads(urllib.request.urlopen(f"{base}/state?config=0&ids={','.join(two)}", timeout=5).read())
+    assert sorted(r["id"] for r in light["runs"]) == two and all("config" not in r for r in light["runs"])
 
 
 # ----------------------------------------------------------------------------- the whole suite, faked
