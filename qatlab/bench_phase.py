@@ -32,7 +32,10 @@ reported in the ``deterministic`` field). Columns:
 * ``cos`` -- mean cosine(predicted, real gradient) on CORRECT steps, ``nanmean`` of the history
   column ``pred_cosine``; ``cos>0`` the share of those corrections with a positive cosine.
 
-A second table per workload says where the time goes: milliseconds per backward step and per
+On goal workloads a table says how far the real gradients carry over from step to step along full
+backprop (:mod:`qatlab.bench_predictability`): the limit of any prediction from them.
+
+Another table per workload says where the time goes: milliseconds per backward step and per
 predicted step (PhaseTrainer's begin_step..end_step timers, or its runs' per step, from ``log.meta["phase_stats"]``),
 the loop time outside those (batch gather, metrics rows), and the wall-clock speedup an ideal
 phase run with the same step counts could reach given component costs measured in isolation
@@ -60,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from . import config as C
+from .bench_predictability import LAGS, gradient_predictability
 from .benchkit import BenchOptions, Column, Goal, SuiteResult, Table, measure_many, suite
 from .data import load_dataset
 from .nn import cross_entropy_loss
@@ -516,13 +520,21 @@ def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeat
                                 [Column("label", "configuration"),
                                  *[Column(f"seed_{sd}", f"seed {sd}") for sd in (0, *seeds)],
                                  Column("median", "median", "{:.2f}x")], wall_rows))
+        pred = gradient_predictability(wl.config) if wl.goal else None
+        if pred is not None:
+            tables.append(Table(f"{wl.label}: how far real gradients carry over (full backprop, seed 0, "
+                                f"{pred['steps']} steps): mean cosine{tag}",
+                                [*[Column(f"lag_{k}", f"g_t vs g_t+{k}", "{:+.3f}") for k in LAGS],
+                                 Column("momentum", "momentum formula vs g_t+1", "{:+.3f}")], [pred]))
+            notes.append(_why_predictability(wl, pred, tag))
         step_ms = costs["forward_loss"] + costs["backward"] + costs["optimizer"]
         comp = {"workload": wl.key, **{f"{k}_ms": 1e3 * s for k, s in costs.items()},
                 "backward_share": costs["backward"] / step_ms if step_ms > 0 else math.nan,
                 "full_step_ms": 1e3 * step_ms,
                 "max_speedup": _max_speedup(costs, wl.config.metrics_every)}
         comp_rows.append(comp)
-        extra["workloads"][wl.key] = {"label": wl.label, "config": wl.config.to_dict(), "component_costs_s": costs}
+        extra["workloads"][wl.key] = {"label": wl.label, "config": wl.config.to_dict(), "component_costs_s": costs,
+                                      "gradient_predictability": pred}
 
         for row in rows:
             if row["kind"] != "phase":
@@ -571,6 +583,15 @@ def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeat
                      "the goal lines are labelled [quick] and are not the issue's measurement")
     extra["component_costs"] = comp_rows
     return SuiteResult(tables=tables, goals=goals, notes=notes, extra=extra)
+
+
+def _why_predictability(wl: Workload, pred: dict, tag: str) -> str:
+    """Note on :func:`~qatlab.bench_predictability.gradient_predictability`'s measurement."""
+    lags = ", ".join(f"{pred[f'lag_{k}']:+.2f} at {k}" for k in LAGS)
+    return (f"why ({wl.key}{tag}): along full backprop a real minibatch gradient has mean cosine {lags} "
+            f"steps ahead (the momentum predictor's formula, one step ahead: {pred['momentum']:+.2f}); a "
+            f"predict block needs predictions up to {wl.config.phase.correct_every - 1} steps past the last "
+            f"real gradient, where little or none of it carries over")
 
 
 def _why(wl: Workload, rows: list[dict], costs: dict[str, float], tag: str) -> list[str]:

@@ -94,11 +94,15 @@ def test_suite_tiny_structure_and_json(tiny_suite, tmp_path):
     result, payload, text = _run_cli(tmp_path)
     assert payload["suite"] == "phase"
     titles = [t["title"] for t in payload["tables"]]
-    assert len(titles) == 5
+    assert len(titles) == 6
     assert "phase training vs full backprop" in titles[0] and "where the time goes" in titles[1]
     assert "accuracy" in titles[2] and "per optimizer seed" in titles[2]
     assert "wall-clock speedup (backward passes) per optimizer seed" in titles[3]
-    assert titles[4].startswith("component costs")
+    assert "how far real gradients carry over" in titles[4]
+    assert titles[5].startswith("component costs")
+    pred = payload["tables"][4]["rows"][0]
+    assert pred["steps"] == 36 and all(-1.0 <= pred[k] <= 1.0 for k in ("lag_1", "lag_9", "momentum"))
+    assert any(n.startswith("why (") and "carries over" in n for n in payload["notes"])
 
     rows = payload["tables"][0]["rows"]
     keys = [r["variant"] for r in rows]
@@ -137,7 +141,7 @@ def test_suite_tiny_structure_and_json(tiny_suite, tmp_path):
         assert wr["seed_0"] == f"{r['wall_speedup']:.2f}x ({r['backward_passes']})"
         assert r["wall_speedup_seeds"] == pytest.approx(statistics.median(r["wall_speedup_per_seed"]))
         assert wr["median"] == r["wall_speedup_seeds"] and len(r["wall_speedup_per_seed"]) == 2
-    comp = payload["tables"][4]["rows"]
+    comp = payload["tables"][5]["rows"]
     assert len(comp) == 1 and comp[0]["workload"] == "synthetic"
     for k in ("forward_loss_ms", "backward_ms", "optimizer_ms", "predict_momentum_ms",
               "predict_least_squares_ms", "metrics_row_ms", "max_speedup"):
