@@ -19,7 +19,7 @@ block of 10 needs, has nothing left to extrapolate.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -43,12 +43,10 @@ def lag_cosines(grads: np.ndarray, lags: Sequence[int] = LAGS) -> dict[int, floa
     return {k: float(np.mean(np.sum(unit[:-k] * unit[k:], axis=1))) if k < len(g) else math.nan for k in lags}
 
 
-def gradient_predictability(cfg: C.ExperimentConfig, lags: Sequence[int] = LAGS) -> dict[str, float]:
-    """Train ``cfg`` with full backprop (cross-entropy, every batch of every epoch) and return
-    ``{"lag_<k>": mean cosine(g_t, g_(t+k)), "momentum": ..., "steps": T}`` (module doc).
-
-    Keeps the last ``max(lags) + 1`` gradients (float32 (n,) each), not the whole run.
-    """
+def real_gradients(cfg: C.ExperimentConfig) -> Iterator[np.ndarray]:
+    """Train ``cfg`` with full backprop (cross-entropy, every batch of every epoch, the batch order of
+    the training loop) and yield each step's real gradient, float32 (n,): the model's live flat
+    gradient buffer, valid until the generator resumes (then the optimizer steps with it)."""
     if cfg.optim.loss != "cross_entropy":
         raise ValueError(f"cfg.optim.loss: expected 'cross_entropy', got {cfg.optim.loss!r}")
     data = load_dataset(cfg.data)
@@ -56,12 +54,6 @@ def gradient_predictability(cfg: C.ExperimentConfig, lags: Sequence[int] = LAGS)
     bs = min(cfg.optim.batch_size, data.n_train)
     opt = make_optimizer(cfg.optim, mlp.flat_params(), math.ceil(data.n_train / bs))
     scratch, grads = mlp.scratch(bs), mlp.gradients(bs)
-    m = float(cfg.phase.prediction.momentum)
-    depth = max(lags) + 1
-    ring = np.zeros((depth, mlp.num_params), np.float32)
-    sums = {k: 0.0 for k in lags}
-    counts = {k: 0 for k in lags}
-    mom_sum, mom_count, t = 0.0, 0, 0
     rng = np.random.default_rng(cfg.optim.seed)
     for _ in range(cfg.optim.epochs):
         order = rng.permutation(data.n_train)
@@ -70,18 +62,32 @@ def gradient_predictability(cfg: C.ExperimentConfig, lags: Sequence[int] = LAGS)
             xb = np.ascontiguousarray(data.X_train[idx])
             cross_entropy_loss(mlp.forward(xb, scratch), data.y_train[idx], grads.d_output_mut())
             mlp.backward(xb, scratch, grads, need_input_grad=False)
-            g = grads.flat()
-            ring[t % depth] = g
-            for k in lags:
-                if t >= k:
-                    sums[k] += _cos(ring[(t - k) % depth], g)
-                    counts[k] += 1
-            if t >= 2:
-                g1, g2 = ring[(t - 1) % depth].astype(np.float64), ring[(t - 2) % depth]
-                mom_sum += _cos(g1 + m * (g1 - g2), g)
-                mom_count += 1
-            opt.step(g)
-            t += 1
+            yield grads.flat()
+            opt.step(grads.flat())
+
+
+def gradient_predictability(cfg: C.ExperimentConfig, lags: Sequence[int] = LAGS) -> dict[str, float]:
+    """``{"lag_<k>": mean cosine(g_t, g_(t+k)), "momentum": ..., "steps": T}`` over the real
+    gradients of :func:`real_gradients` (module doc), keeping only the last ``max(lags) + 1``."""
+    m = float(cfg.phase.prediction.momentum)
+    depth = max(lags) + 1
+    ring: np.ndarray | None = None
+    sums = {k: 0.0 for k in lags}
+    counts = {k: 0 for k in lags}
+    mom_sum, mom_count, t = 0.0, 0, 0
+    for g in real_gradients(cfg):
+        if ring is None:
+            ring = np.zeros((depth, len(g)), np.float32)
+        ring[t % depth] = g
+        for k in lags:
+            if t >= k:
+                sums[k] += _cos(ring[(t - k) % depth], g)
+                counts[k] += 1
+        if t >= 2:
+            g1, g2 = ring[(t - 1) % depth].astype(np.float64), ring[(t - 2) % depth]
+            mom_sum += _cos(g1 + m * (g1 - g2), g)
+            mom_count += 1
+        t += 1
     out = {f"lag_{k}": sums[k] / counts[k] if counts[k] else math.nan for k in lags}
     out["momentum"] = mom_sum / mom_count if mom_count else math.nan
     out["steps"] = t
