@@ -545,11 +545,10 @@ def run(opts: BenchOptions) -> SuiteResult:
         f"OPENBLAS_NUM_THREADS={blas} (set by `import qatlab` unless already set); BLAS in this process: "
         f"{loaded_txt}; qatlab's products and the numpy floor use that same BLAS; qatlab splits a product of "
         f">= {parallel.MIN_MACS:,} multiply-adds into row or column blocks on {parallel.cores()} cores "
-        "(qatlab.parallel), "
-        "the floor runs on one thread",
+        "(qatlab.parallel), the floor runs on one thread",
         "qatlab step: mlp.forward (TernaryQuantizer, identity STE, on every layer) + cross_entropy_loss + "
-        "mlp.backward(need_input_grad=False) + Adam.step(flat), lr 1e-2; at " + ", ".join(fused_shapes or
-                                                                                    ["no shape"])
+        "mlp.backward(need_input_grad=False) + Adam.step(flat), lr 1e-2; at "
+        + ", ".join(fused_shapes or ["no shape"])
         + f" as run_experiment makes it: {RUN_STEPS} steps per qatlab.fused.FusedStep.steps call (one Numba call "
         "that also gathers each batch), time per step; '1 call ms': FusedStep, one call per step; synthetic "
         "x ~ U[0,1), random labels",

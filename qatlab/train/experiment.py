@@ -364,5 +364,3 @@ def _run_limits(step: int, every: int, full_batches: int) -> tuple[int, int]:
     both at most the full batches left in the epoch."""
     next_row = 1 if step == 0 else (step // every + 1) * every
     return min(next_row - step, full_batches), min(next_row - step - 1, full_batches)
-
-

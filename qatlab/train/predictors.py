@@ -279,8 +279,7 @@ class GradientPredictor:
         old, self.anchor = self.anchor, grad
         self.anchor_step = int(first_step + count - 1)
         self.block_count += count
-        for step in range(first_step, first_step + count):
-            self.block_steps += step
+        self.block_steps += count * first_step + count * (count - 1) // 2   # the sum of their steps
         return old
 
     def _after_push(self, step: int, block: bool) -> None:
