@@ -112,19 +112,27 @@ class Run:
     # ------------------------------------------------------------------ control
 
     def start(self) -> "Run":
-        """Begin training in a daemon thread; returns self. A run starts once."""
+        """Begin training in a daemon thread; returns self. A run starts once; a run stopped
+        before it started stays stopped (the call does nothing)."""
         if self._thread is not None:
             raise RuntimeError(f"{self.id}: already started")
-        self.status = "running"
+        with self._status_lock:
+            if self.status in DONE:
+                return self
+            self.status = "running"
         self.started_at = time.time()
         self._thread = threading.Thread(target=self._main, name=self.id, daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """Ask the loop to stop after the current step (status becomes ``stopped``)."""
+        """Ask the loop to stop after the current step (status becomes ``stopped``); a run not
+        started yet is ``stopped`` at once and never starts."""
         self._control.stop_requested.set()
         self._control._running.set()
+        with self._status_lock:
+            if self._thread is None and self.status == "created":
+                self.status, self.message, self.finished_at = "stopped", "stopped before it started", time.time()
 
     def pause(self) -> None:
         """Hold the loop between steps."""

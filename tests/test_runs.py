@@ -152,11 +152,14 @@ def test_stop_ends_a_running_run(stopper):
     assert len(run.log) > 0
 
 
-def test_stop_before_start_stops_at_step_zero():
+def test_stop_before_start_stops_at_once_and_start_does_nothing():
+    """E.g. a comparison's session closes before the page drew its figures: the runs must not
+    stay "created" forever, nor start later."""
     run = ql.Run(tiny())
     run.stop()
-    run.start()
-    assert run.join(20) and run.status == "stopped" and run.steps_done == 0
+    assert run.status == "stopped" and run.message == "stopped before it started" and run.done
+    assert run.start() is run and run.status == "stopped" and run._thread is None
+    assert run.join(0) and run.steps_done == 0 and run.started_at is None
 
 
 def test_pause_holds_steps_and_resume_continues(stopper):

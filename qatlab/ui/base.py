@@ -8,8 +8,9 @@ figures from the same sources (Bokeh cannot swap a live figure's scale type).
 
 Rebuilding figures pauses training (``training_paused``) for its fraction of a second, so the
 event loop has the GIL to itself meanwhile; in a server session a view with ``rebuild_steps``
-(the STE comparison's six figures) rebuilds one figure per event-loop turn. The time-series
-figures' ranges are fitted on the server once per tick (:meth:`LiveView.fit_ranges`).
+(the STE comparison's six figures) builds one figure per event-loop turn and shows them
+together. The time-series figures' ranges are fitted on the server once per tick
+(:meth:`LiveView.fit_ranges`).
 
 Per tick, all Bokeh events go to the browser as one message (``pn.io.hold``); status text
 is throttled to about 2 Hz (:class:`Throttle`).
@@ -229,8 +230,9 @@ class LiveView(pn.viewable.Viewer):
 
     def when_built(self, callback) -> None:
         """Call ``callback()`` once the figures requested so far are shown: now, or when a rebuild
-        in pieces ends (the Dashboard starts a comparison's runs then, so that building figures
-        does not pause or slow the runs it is about to show)."""
+        in pieces ends (the Dashboard then waits for the page to draw them, :mod:`qatlab.ui.drawn`,
+        and starts a comparison's runs, so that building and drawing the figures does not pause or
+        slow the runs it is about to show)."""
         if self._building:
             self._after_build.append(callback)
         else:

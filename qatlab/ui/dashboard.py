@@ -6,8 +6,9 @@ one :class:`~qatlab.ui.base.PlotOptions`, and is the only place that creates run
 - ``Start``: ``Run(config, owner=<session id>, keep_alive=<checkbox>)`` shown in Overview,
   Quantization and Phases;
 - ``Compare STE kinds``: ``start_ste_comparison(config, owner=..., start=False)``, shown in the
-  STE tab; the four runs start once its figures are shown (in a server session they are built
-  one per event-loop turn, :meth:`~qatlab.ui.base.LiveView.request_rebuild`);
+  STE tab; the four runs start once the page has drawn its figures (in a server session they are
+  built one per event-loop turn, :meth:`~qatlab.ui.base.LiveView.request_rebuild`, shown at once,
+  and the page answers when it has drawn them, :mod:`qatlab.ui.drawn`; at most 2 s later);
 - ``Stop`` / ``Pause`` / ``Resume``: the session's latest run or comparison.
 
 Streaming: one ``pn.state.add_periodic_callback(..., period=100)`` per session calls
@@ -38,6 +39,7 @@ from ..train.experiment import training_paused
 from . import render_patch
 from .base import PERIOD_MS, PlotOptions, periodic_callback, streaming_tick
 from .config_panel import ConfigPanel
+from .drawn import when_drawn
 from .phase_view import PhaseView
 from .quant_view import QuantView
 from .run_view import RunStatus, RunView
@@ -149,13 +151,13 @@ class Dashboard(pn.viewable.Viewer):
             self.status.runs = list(runs.values())
             keep_alive = self.config_panel.keep_alive.value
 
-            def start():                # the runs start once their figures are shown
+            def start():                # the runs start once the page has drawn their figures
                 for run in runs.values():
                     run.keep_alive = keep_alive
                     run.start()
                 self.refresh(force=True)      # statuses "running" now, not after the next throttle period
             self.status.refresh(force=True)
-            self.ste.when_built(start)
+            self.ste.when_built(lambda: when_drawn(self.ste.figures.get("loss"), start))
             return runs
 
     def _active_runs(self) -> list[Run]:

@@ -101,6 +101,9 @@ def test_compare_ste_kinds_shows_four_runs(dash):
     ids = sorted(k.removeprefix("loss-source-") for k in sources)
     lines = dash.model_names("ste-loss-")
     assert sorted(n.removeprefix("ste-loss-") for n in lines) == ids      # one overlaid line per kind
+    # the runs started when the page answered that it had drawn the figures (qatlab.ui.drawn)
+    tags = dash.page.evaluate("() => Bokeh.documents[0].get_model_by_name('fig-ste-loss').tags")
+    assert any(t.startswith("qatlab-drawn-") and t.endswith(":ack") for t in tags), tags
     # the summary table catches up within its 1 s throttle: every kind shows a test accuracy
     _wait_for(lambda: "–%" not in dash.text_of(".qatlab-ste-summary"), 10, "test accuracies in the summary table")
     mid = dash.status()

@@ -455,15 +455,20 @@ def test_streaming_tick_skips_a_server_session_whose_page_is_gone(connections, t
 
 
 def test_ste_rebuild_runs_in_pieces_and_a_newer_request_abandons_an_older_one(server_doc):
-    """In a server session the STE view rebuilds one figure per event-loop turn (the loop answers
-    other sessions in between); the pieces give the same figures as a rebuild at once."""
+    """In a server session the STE view builds one figure per event-loop turn (the loop answers
+    other sessions in between) and shows them all at once; the pieces give the same figures as a
+    rebuild at once."""
     import asyncio
 
     from panel.io.state import set_curdoc
     view = comparison_view()                                 # no server session: built at once
     at_once = sorted(view.figures)
-    pieces = list(view.rebuild_steps())
-    assert len(pieces) >= 2 * len(at_once) - 2 and sorted(view.figures) == at_once
+    before, pieces = list(view._plots.objects), 0
+    for _ in view.rebuild_steps():        # the shown layout changes once, after the last piece
+        pieces += 1
+        assert all(a is b for a, b in zip(view._plots.objects, before, strict=True))
+    assert pieces >= len(at_once) and sorted(view.figures) == at_once
+    assert len(view._plots.objects) == 3 and not any(a is b for a, b in zip(view._plots.objects, before))
 
     doc, scheduled = server_doc()
     with set_curdoc(doc):

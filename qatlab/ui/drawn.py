@@ -1,0 +1,75 @@
+"""Wait for the page to draw a figure before starting work that competes with it for the CPU.
+
+Pressing ``Compare STE kinds`` adds six figures to the page; laying them out and painting them
+the first time costs the browser most of a core for about a second. On a small machine the
+four training threads would share that second with the browser, so the page appears later and
+the runs start slowly. :func:`when_drawn` lets the runs wait for it instead:
+
+1. on the next event-loop turn, ``fig.js_on_change("tags", ...)`` puts a small JS callback on
+   the figure (one message; document changes belong in document callbacks, which hold its lock);
+2. on the turn after that the server adds a tag ``qatlab-drawn-<n>`` (a second message, so
+   the callback is already in the page when it arrives);
+3. the callback waits two animation frames -- by then the page has laid out and painted what
+   the earlier messages added -- and adds ``qatlab-drawn-<n>:ack`` to the tags, which Bokeh
+   sends back to the server;
+4. the server's ``on_change("tags")`` sees the ack and calls the callback, once.
+
+A page that never answers (closed, or in a background tab, where browsers pause animation
+frames) starts the work after ``timeout_ms`` anyway. Outside a server session (notebooks,
+plain Python) the callback runs at once.
+"""
+from __future__ import annotations
+
+import itertools
+
+from bokeh.models import CustomJS
+
+DRAWN_TIMEOUT_MS = 2000   # start anyway when the page has not answered by then
+_PREFIX = "qatlab-drawn-"
+_tokens = itertools.count(1)
+
+_ACK_JS = f"""
+const tags = cb_obj.tags;
+for (const tag of tags) {{
+  if (typeof tag !== 'string' || !tag.startsWith('{_PREFIX}') || tag.endsWith(':ack')) continue;
+  if (tags.includes(tag + ':ack')) continue;
+  requestAnimationFrame(() => requestAnimationFrame(() => {{
+    if (!cb_obj.tags.includes(tag + ':ack')) cb_obj.tags = [...cb_obj.tags, tag + ':ack'];
+  }}));
+}}
+"""
+
+
+def when_drawn(fig, callback, timeout_ms: int = DRAWN_TIMEOUT_MS) -> None:
+    """Call ``callback()`` once the page has drawn ``fig`` (a Bokeh model in a server session's
+    document), or after ``timeout_ms``, whichever comes first; at once if ``fig`` is None or not
+    in a server session's document. See the module doc."""
+    doc = getattr(fig, "document", None)
+    if doc is None or getattr(doc, "session_context", None) is None:
+        callback()
+        return
+    token = f"{_PREFIX}{next(_tokens)}"
+    called = False
+
+    def call_once() -> None:
+        nonlocal called
+        if not called:
+            called = True
+            callback()
+
+    def on_tags(attr, old, new) -> None:
+        if f"{token}:ack" in new:
+            fig.remove_on_change("tags", on_tags)
+            call_once()
+
+    def ask() -> None:
+        fig.tags = [*fig.tags, token]
+
+    def install() -> None:     # in a document callback: it holds the document lock
+        if not any(getattr(cb, "code", None) == _ACK_JS for cb in fig.js_property_callbacks.get("change:tags", [])):
+            fig.js_on_change("tags", CustomJS(code=_ACK_JS))
+        fig.on_change("tags", on_tags)
+        doc.add_next_tick_callback(ask)
+
+    doc.add_next_tick_callback(install)
+    doc.add_timeout_callback(call_once, timeout_ms)
