@@ -14,8 +14,10 @@ the runs start slowly. :func:`when_drawn` lets the runs wait for it instead:
    sends back to the server;
 4. the server's ``on_change("tags")`` sees the ack and calls the callback, once.
 
-A page that never answers (closed, or in a background tab, where browsers pause animation
-frames) starts the work after ``timeout_ms`` anyway. Outside a server session (notebooks,
+The figure must be in the page already (sent on an earlier turn, as after
+:meth:`~qatlab.ui.base.LiveView.when_built`): a tag that reaches the page before its figure is
+lost. A page that never answers (closed, in a background tab, where browsers pause animation
+frames, or sent the figure late) starts the work after ``timeout_ms`` anyway. Outside a server session (notebooks,
 plain Python) the callback runs at once.
 """
 from __future__ import annotations
@@ -49,17 +51,23 @@ def when_drawn(fig, callback, timeout_ms: int = DRAWN_TIMEOUT_MS) -> None:
         callback()
         return
     token = f"{_PREFIX}{next(_tokens)}"
-    called = False
+    state = {"called": False, "listening": False}
+
+    def stop_listening() -> None:
+        if state["listening"]:
+            state["listening"] = False
+            fig.remove_on_change("tags", on_tags)
 
     def call_once() -> None:
-        nonlocal called
-        if not called:
-            called = True
-            callback()
+        if state["called"]:
+            return
+        state["called"] = True
+        if state["listening"]:          # not now: Bokeh may be iterating the tags callbacks
+            doc.add_next_tick_callback(stop_listening)
+        callback()
 
     def on_tags(attr, old, new) -> None:
         if f"{token}:ack" in new:
-            fig.remove_on_change("tags", on_tags)
             call_once()
 
     def ask() -> None:
@@ -68,8 +76,10 @@ def when_drawn(fig, callback, timeout_ms: int = DRAWN_TIMEOUT_MS) -> None:
     def install() -> None:     # in a document callback: it holds the document lock
         if not any(getattr(cb, "code", None) == _ACK_JS for cb in fig.js_property_callbacks.get("change:tags", [])):
             fig.js_on_change("tags", CustomJS(code=_ACK_JS))
-        fig.on_change("tags", on_tags)
-        doc.add_next_tick_callback(ask)
+        if not state["called"]:
+            state["listening"] = True
+            fig.on_change("tags", on_tags)
+            doc.add_next_tick_callback(ask)
 
     doc.add_next_tick_callback(install)
     doc.add_timeout_callback(call_once, timeout_ms)

@@ -56,7 +56,9 @@ def test_the_page_ack_calls_back_once(monkeypatch):
     assert calls == [1]
     timeouts[0][0]()                      # the fallback after an ack does nothing
     fig.tags = [*fig.tags, f"{token}:ack"]
-    assert calls == [1]
+    assert calls == [1] and len(fig._callbacks["tags"]) == 1
+    ticks.pop(0)()                        # the listener goes on the next turn
+    assert ticks == [] and fig._callbacks["tags"] == []
 
 
 def test_no_answer_starts_after_the_timeout_once_and_the_js_is_installed_once(monkeypatch):
@@ -73,5 +75,19 @@ def test_no_answer_starts_after_the_timeout_once_and_the_js_is_installed_once(mo
         cb()
         cb()
     assert calls == ["a", "b"]
+    while ticks:                          # the listeners go
+        ticks.pop(0)()
+    assert fig._callbacks["tags"] == []
     fig.tags = [*fig.tags, *(f"{t}:ack" for t in list(fig.tags))]   # a late answer changes nothing
     assert calls == ["a", "b"]
+
+
+def test_a_timeout_before_install_never_listens(monkeypatch):
+    doc, ticks, timeouts = session_doc(monkeypatch)
+    fig = figure()
+    doc.add_root(fig)
+    calls = []
+    when_drawn(fig, lambda: calls.append(1))
+    timeouts[0][0]()
+    ticks.pop(0)()                        # install: the JS goes in, but no request, no listener
+    assert calls == [1] and ticks == [] and fig.tags == [] and not fig._callbacks.get("tags")
