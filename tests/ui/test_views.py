@@ -463,12 +463,12 @@ def test_ste_rebuild_runs_in_pieces_and_a_newer_request_abandons_an_older_one(se
     from panel.io.state import set_curdoc
     view = comparison_view()                                 # no server session: built at once
     at_once = sorted(view.figures)
-    before, pieces = list(view._plots.objects), 0
-    for _ in view.rebuild_steps():        # the shown layout changes once, after the last piece
-        pieces += 1
-        assert all(a is b for a, b in zip(view._plots.objects, before, strict=True))
-    assert pieces >= len(at_once) and sorted(view.figures) == at_once
-    assert len(view._plots.objects) == 3 and not any(a is b for a, b in zip(view._plots.objects, before))
+    before, shown = list(view._plots.objects), []
+    for _ in view.rebuild_steps():        # the shown layout changes twice, in the last two pieces
+        shown.append([o for o in view._plots.objects if not any(o is b for b in before)])
+    assert len(shown) >= len(at_once) and sorted(view.figures) == at_once
+    assert not any(shown[:-1]) and len(shown[-1]) == 1      # the loss and accuracy row first ...
+    assert len(view._plots.objects) == 3 and view._plots.objects[0] is shown[-1][0]   # ... then the rest
 
     doc, scheduled = server_doc()
     with set_curdoc(doc):
