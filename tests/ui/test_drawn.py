@@ -15,16 +15,18 @@ class _Context:
     """Stands in for a server session's context (``doc.session_context`` is a weak reference)."""
 
 
-def session_doc(monkeypatch):
-    """A Document that looks like a server session's; its next-tick and timeout callbacks are
-    recorded instead of scheduled."""
+def session_figure(monkeypatch):
+    """(fig, ticks, timeouts): a figure in a Document that looks like a server session's, whose
+    next-tick and timeout callbacks are recorded instead of scheduled."""
     doc = Document()
     doc._context = _Context()
     doc._session_context = lambda: doc._context
     ticks, timeouts = [], []
     monkeypatch.setattr(doc, "add_next_tick_callback", ticks.append)
     monkeypatch.setattr(doc, "add_timeout_callback", lambda cb, ms: timeouts.append((cb, ms)))
-    return doc, ticks, timeouts
+    fig = figure()
+    doc.add_root(fig)
+    return fig, ticks, timeouts
 
 
 def test_outside_a_server_session_the_callback_runs_at_once():
@@ -38,9 +40,7 @@ def test_outside_a_server_session_the_callback_runs_at_once():
 
 
 def test_the_page_ack_calls_back_once(monkeypatch):
-    doc, ticks, timeouts = session_doc(monkeypatch)
-    fig = figure()
-    doc.add_root(fig)
+    fig, ticks, timeouts = session_figure(monkeypatch)
     calls = []
     when_drawn(fig, lambda: calls.append(1))
     assert calls == [] and len(ticks) == 1 and timeouts[0][1] == DRAWN_TIMEOUT_MS
@@ -62,9 +62,7 @@ def test_the_page_ack_calls_back_once(monkeypatch):
 
 
 def test_no_answer_starts_after_the_timeout_once_and_the_js_is_installed_once(monkeypatch):
-    doc, ticks, timeouts = session_doc(monkeypatch)
-    fig = figure()
-    doc.add_root(fig)
+    fig, ticks, timeouts = session_figure(monkeypatch)
     calls = []
     for name in ("a", "b"):
         when_drawn(fig, lambda name=name: calls.append(name))
@@ -83,9 +81,7 @@ def test_no_answer_starts_after_the_timeout_once_and_the_js_is_installed_once(mo
 
 
 def test_a_timeout_before_install_never_listens(monkeypatch):
-    doc, ticks, timeouts = session_doc(monkeypatch)
-    fig = figure()
-    doc.add_root(fig)
+    fig, ticks, timeouts = session_figure(monkeypatch)
     calls = []
     when_drawn(fig, lambda: calls.append(1))
     timeouts[0][0]()
