@@ -8,8 +8,8 @@ figures from the same sources (Bokeh cannot swap a live figure's scale type).
 
 Rebuilding figures pauses training (``training_paused``) for its fraction of a second, so the
 event loop has the GIL to itself meanwhile; in a server session a view with ``rebuild_steps``
-(the STE comparison's six figures) builds one figure per event-loop turn and shows them
-together. The time-series figures' ranges are fitted on the server once per tick
+(the STE comparison's six figures) builds one figure per event-loop turn and shows them in two
+steps. The time-series figures' ranges are fitted on the server once per tick
 (:meth:`LiveView.fit_ranges`).
 
 Per tick, all Bokeh events go to the browser as one message (``pn.io.hold``); status text

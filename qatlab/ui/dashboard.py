@@ -7,8 +7,8 @@ one :class:`~qatlab.ui.base.PlotOptions`, and is the only place that creates run
   Quantization and Phases;
 - ``Compare STE kinds``: ``start_ste_comparison(config, owner=..., start=False)``, shown in the
   STE tab; the four runs start once the page has drawn its figures (in a server session they are
-  built one per event-loop turn, :meth:`~qatlab.ui.base.LiveView.request_rebuild`, shown at once,
-  and the page answers when it has drawn them, :mod:`qatlab.ui.drawn`; at most 2 s later);
+  built one per event-loop turn, :meth:`~qatlab.ui.base.LiveView.request_rebuild`, shown in two
+  steps, and the page answers when it has drawn them, :mod:`qatlab.ui.drawn`; at most 2 s later);
 - ``Stop`` / ``Pause`` / ``Resume``: the session's latest run or comparison.
 
 Streaming: one ``pn.state.add_periodic_callback(..., period=100)`` per session calls

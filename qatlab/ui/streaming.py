@@ -9,8 +9,9 @@ four ColumnDataSources for the run:
     ``loss_s``, ``k`` (the loss curves use it).
 ``train-source-<run id>``  (``RunStream.train``)
     every training metric, streamed on every :data:`DETAIL_EVERY`-th tick (the rows of the ticks
-    between wait in the RunStream): the browser applies each stream to every glyph drawn from the
-    source and repaints its figure, and with four runs compared that is ~40 glyphs in six figures.
+    between wait in the RunStream; a run that has ended streams them on the next tick): the
+    browser applies each stream to every glyph drawn from the source and repaints its figure, and
+    with four runs compared that is ~40 glyphs in six figures.
     Measured with four runs compared (Chromium on the same two cores as the server, which
     the training then lacks): streaming them every tick, Chromium used 0.66-0.81 cores; every 2nd
     tick 0.51-0.67; every 4th tick, the eval rows too, 0.39-0.41; every 10th (1 Hz) 0.34-0.36.
@@ -262,9 +263,11 @@ class RunStream:
 
     def pull(self, every_metric: bool = True) -> int:
         """Read new rows from the run's log and stream them: loss rows at once, the training and
-        eval rows (and phase segments) only with ``every_metric``, else kept for a later pull.
+        eval rows (and phase segments) only with ``every_metric`` or once the run is done (its
+        curves are complete when its status says so), else kept for a later pull.
         Returns the number of rows read."""
         log = self.run.log
+        flush = every_metric or self.run.done   # read before the log: a done run's log is complete
         n = 0
         if log.total_rows > self.cursor:
             batch, self.cursor = log.since(self.cursor)
@@ -282,10 +285,10 @@ class RunStream:
                 rows = self._with_smoothing({c: batch.get(c, nan)[train] for c in self.columns})
                 self._loss_cap.stream({c: rows[c] for c in LOSS_COLUMNS})
                 self._pending.append(rows)
-        if every_metric and self._pending_eval:
+        if flush and self._pending_eval:
             self.eval.stream(_payload(_joined(self._pending_eval)), rollover=EVAL_CAP)
             self._pending_eval = []
-        if every_metric and self._pending:
+        if flush and self._pending:
             rows = _joined(self._pending)
             self._pending = []
             self._train_cap.stream(rows)

@@ -108,7 +108,7 @@ def test_compare_ste_kinds_shows_four_runs(dash):
     _wait_for(lambda: "–%" not in dash.text_of(".qatlab-ste-summary"), 10, "test accuracies in the summary table")
     mid = dash.status()
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    dash.page.screenshot(path=str(SCREENSHOT))          # curves drawn, usually still growing
+    dash.page.screenshot(path=str(SCREENSHOT))          # about a second of training: usually finished
     print(f"screenshot saved to {SCREENSHOT} (status then: {mid})")
 
     assert dash.wait_status(lambda s: s in DONE, timeout=120, what="finished") == "finished"

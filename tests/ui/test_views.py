@@ -134,7 +134,8 @@ def test_stream_pull_grows_sources_and_splits_eval_rows():
 
 def test_loss_streams_every_tick_the_rest_every_detail_tick():
     """The periodic tick streams loss rows at once; training and eval rows wait for the next full
-    tick (every DETAIL_EVERY-th: 1 Hz) and then arrive all together, phase segments included."""
+    tick (every DETAIL_EVERY-th: 1 Hz) and then arrive all together, phase segments included; once
+    the run is done, any tick streams them."""
     from qatlab.ui.streaming import DETAIL_EVERY
     assert DETAIL_EVERY == 10
     run = ql.Run(small_config(phase=True))
@@ -158,9 +159,7 @@ def test_loss_streams_every_tick_the_rest_every_detail_tick():
     from types import SimpleNamespace
     rs.run = SimpleNamespace(done=True, log=run.log, config=run.config, id=run.id)   # the run ends
     run.log.append({"step": n + 1, "time": 0.1 * (n + 1), "loss": 0.1, "phase": 2})
-    hub.pull(every_metric=False)
-    assert not rs.exhausted                  # its last training and eval rows still wait
-    hub.pull()
+    hub.pull(every_metric=False)             # a done run's rows all go at once: its curves are complete
     assert rs.exhausted and len(rs.train.data["k"]) == n + 1 and len(rs.eval.data["step"]) == DETAIL_EVERY + 2
 
 
@@ -456,7 +455,7 @@ def test_streaming_tick_skips_a_server_session_whose_page_is_gone(connections, t
 
 def test_ste_rebuild_runs_in_pieces_and_a_newer_request_abandons_an_older_one(server_doc):
     """In a server session the STE view builds one figure per event-loop turn (the loop answers
-    other sessions in between) and shows them all at once; the pieces give the same figures as a
+    other sessions in between) and shows them in two steps; the pieces give the same figures as a
     rebuild at once."""
     import asyncio
 
