@@ -149,9 +149,7 @@ class FusedStep:
         B = len(idx) // count
         xb, lab, tgt = self._batch_buffers(B)
         scs, losses, correct, norms, sumsqs = self._block_buffers(count)
-        lrs = [opt.schedule(opt.t + j) for j in range(count)]
-        for j, lr in enumerate(lrs):
-            opt.fused_scalars(lr, ahead=j, out=scs[j])
+        lrs = opt.fused_run_scalars(scs)
         hs, ds = self._batch_rows(B)
         stes = self._stes
         for i, q in self._ternary_layers:

@@ -257,6 +257,16 @@ class Optimizer:
             sc[i] = v
         return sc
 
+    def fused_run_scalars(self, out: np.ndarray, lr_scale: float = 1.0) -> list[float]:
+        """Learning rates and kernel scalars of the next ``len(out)`` steps, for a kernel that makes
+        them in one call: step j runs at ``lr_j = schedule(t + j) * lr_scale`` with
+        ``out[j] = fused_scalars(lr_j, ahead=j)`` (out float64 (steps, 8)). Returns the ``lr_j``;
+        call :meth:`fused_done` (lr_j, its norm) for each step made. Changes nothing else."""
+        lrs = [self.schedule(self.t + j) * lr_scale for j in range(len(out))]
+        for j, lr in enumerate(lrs):
+            self.fused_scalars(lr, ahead=j, out=out[j])
+        return lrs
+
     def fused_done(self, lr: float, grad_norm: float) -> None:
         """Bookkeeping of a step the fused kernel made: as :meth:`step` does (t, last_lr, and
         last_grad_norm when clipping is on)."""

@@ -167,6 +167,17 @@ def test_optimizer_follows_its_schedule():
     np.testing.assert_allclose(p, ref, rtol=1e-5, atol=1e-6)
 
 
+def test_fused_run_scalars_are_the_next_steps_fused_scalars():
+    p, grads = problem(steps=3)
+    opt = Adam(p, lr=Schedule("cosine", 0.1, 8), weight_decay=0.01, max_grad_norm=2.0)
+    opt.step(grads[0])
+    out = np.full((4, 8), np.nan)
+    lrs = opt.fused_run_scalars(out, lr_scale=0.5)
+    assert lrs == [opt.schedule(1 + j) * 0.5 for j in range(4)] and opt.t == 1
+    for j, lr in enumerate(lrs):
+        np.testing.assert_array_equal(out[j], opt.fused_scalars(lr, ahead=j))
+
+
 def test_clip_global_norm_helper():
     rng = np.random.default_rng(4)
     a, b = rng.standard_normal(10).astype(np.float32), rng.standard_normal((2, 3)).astype(np.float32)

@@ -228,7 +228,8 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
     eval_scratch = mlp.scratch(min(EVAL_CHUNK, data.n_test))
     # one Numba call per step for small models without LSQ scales (qatlab.fused); the same numbers
     fused = FusedStep.build(mlp, scratch, grads, opt) if lsq is None else None
-    block = None   # FusedStep.steps() arguments when runs of full batches go in one call
+    # FusedStep.steps() arguments: runs of full batches go in one call (module doc)
+    block = loss_fn.fused_block(data.y_train) if fused is not None else None
     xbuf = np.empty((bs, data.n_features), np.float32)
     ybuf = np.empty((bs, *data.y_train.shape[1:]), data.y_train.dtype)
     phase = None
@@ -238,8 +239,6 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
             raise ValueError(f"phase.gradient_accumulation: {cfg.phase.gradient_accumulation} micro-batches "
                              f"need batch_size >= that, got {bs}")
         phase = PhaseStepper(cfg.phase, mlp, scratch, grads, loss_fn, fused)
-    if fused is not None:
-        block = loss_fn.fused_block(data.y_train)
     rng = np.random.default_rng(cfg.optim.seed)
 
     def update(flat_grads, real_gradient: bool, grad_scale: float = 1.0, lr_scale: float = 1.0):

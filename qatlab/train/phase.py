@@ -669,11 +669,9 @@ class PhaseTrainer:
         pred.prepare()
         ks = np.array([pred.steps_since_anchor(first + j) for j in range(count)])
         corr_scales = np.array([pred.correction_scale(first + j) for j in range(count)])
-        # gain 0: no update (see get_predicted_gradients), so no learning rates
-        lrs = [opt.schedule(opt.t + j) * pred.gain for j in range(count)] if pred.gain != 0.0 else []
         scs = np.zeros((count, 8))
-        for j, lr in enumerate(lrs):
-            opt.fused_scalars(lr, ahead=j, out=scs[j])
+        # gain 0: no update (see get_predicted_gradients), so no learning rates
+        lrs = opt.fused_run_scalars(scs, lr_scale=pred.gain) if pred.gain != 0.0 else []
         code, s0, s1 = opt.fused_kernel()
         clipped, norm, opt_norm = predicted_steps(pred.anchor, pred.trend, ks, pred.correction, corr_scales,
                                                   float(pred.gain), self._max_grad_norm, dst, code, s0, s1,
