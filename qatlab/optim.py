@@ -262,6 +262,9 @@ class Optimizer:
         them in one call: step j runs at ``lr_j = schedule(t + j) * lr_scale`` with
         ``out[j] = fused_scalars(lr_j, ahead=j)`` (out float64 (steps, 8)). Returns the ``lr_j``;
         call :meth:`fused_done` (lr_j, its norm) for each step made. Changes nothing else."""
+        if not (isinstance(out, np.ndarray) and out.dtype == np.float64 and out.ndim == 2 and out.shape[1] == 8):
+            raise ValueError(f"out: expected a float64 array of shape (steps, 8), got {getattr(out, 'shape', out)!r}")
+        lr_scale = _check_number("lr_scale", lr_scale, 0.0, math.inf, hi_open=True)
         lrs = [self.schedule(self.t + j) * lr_scale for j in range(len(out))]
         for j, lr in enumerate(lrs):
             self.fused_scalars(lr, ahead=j, out=out[j])

@@ -176,6 +176,14 @@ def test_fused_run_scalars_are_the_next_steps_fused_scalars():
     assert lrs == [opt.schedule(1 + j) * 0.5 for j in range(4)] and opt.t == 1
     for j, lr in enumerate(lrs):
         np.testing.assert_array_equal(out[j], opt.fused_scalars(lr, ahead=j))
+    before = out.copy()
+    for bad in (np.zeros((4, 7)), np.zeros((4, 8), np.float32), [[0.0] * 8]):
+        with pytest.raises(ValueError, match="out: expected a float64 array of shape"):
+            opt.fused_run_scalars(bad)
+    for bad in (-0.5, math.nan, math.inf, True):
+        with pytest.raises(ValueError, match="lr_scale"):
+            opt.fused_run_scalars(out, lr_scale=bad)
+    assert np.array_equal(out, before) and opt.t == 1
 
 
 def test_clip_global_norm_helper():

@@ -46,6 +46,10 @@ def when_drawn(fig, callback, timeout_ms: int = DRAWN_TIMEOUT_MS) -> None:
     """Call ``callback()`` once the page has drawn ``fig`` (a Bokeh model in a server session's
     document), or after ``timeout_ms``, whichever comes first; at once if ``fig`` is None or not
     in a server session's document. See the module doc."""
+    if not callable(callback):
+        raise TypeError(f"callback: expected a callable, got {type(callback).__name__}")
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms <= 0:
+        raise ValueError(f"timeout_ms: expected an int > 0 (milliseconds), got {timeout_ms!r}")
     doc = getattr(fig, "document", None)
     if doc is None or getattr(doc, "session_context", None) is None:
         callback()

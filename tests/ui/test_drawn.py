@@ -87,3 +87,13 @@ def test_a_timeout_before_install_never_listens(monkeypatch):
     timeouts[0][0]()
     ticks.pop(0)()                        # install: the JS goes in, but no request, no listener
     assert calls == [1] and ticks == [] and fig.tags == [] and not fig._callbacks.get("tags")
+
+
+def test_bad_arguments_are_refused_before_anything_is_scheduled(monkeypatch):
+    fig, ticks, timeouts = session_figure(monkeypatch)
+    with pytest.raises(TypeError, match="callback: expected a callable"):
+        when_drawn(fig, None)
+    for bad in (0, -5, 1.5, True, "2000"):
+        with pytest.raises(ValueError, match="timeout_ms: expected an int > 0"):
+            when_drawn(fig, lambda: None, timeout_ms=bad)
+    assert ticks == [] and timeouts == [] and fig.tags == []
