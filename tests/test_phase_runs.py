@@ -55,35 +55,54 @@ def _same(a, b):
             assert x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y)), (x, y)
 
 
+def _protocol_step(stepper, opt, x, y, need_loss):
+    """One step with its PREDICT steps made by hand, as the PhaseTrainer doc spells the protocol
+    out (PhaseStepper.step makes them with predicted_steps)."""
+    trainer = stepper.trainer
+    update = lambda flat, real, scale, lr_scale: opt.step(flat, lr=opt.lr * lr_scale, grad_scale=scale)  # noqa: E731
+    if not trainer.predict_run_length():
+        return stepper.step(x, y, update, need_loss=need_loss)
+    trainer.begin_step()
+    loss = stepper._loss(x, y, backward=False) if need_loss else None
+    flat = stepper.grads.flat()
+    trainer.get_predicted_gradients(out=flat, clip=False)
+    if trainer.clip_scale != 0.0:
+        update(flat, False, trainer.clip_scale, trainer.lr_scale)
+    trainer.end_step(loss)
+    return loss
+
+
 @pytest.mark.parametrize("predictor, warmup, limit", [("momentum", 0, 5), ("least_squares", 2, 3),
                                                        ("momentum", 5, 100)])
 def test_runs_match_step_by_step(predictor, warmup, limit):
     X, y = _data()
     (one, opt1), (runs, opt2) = _stepper(predictor, warmup), _stepper(predictor, warmup)
-    update = lambda flat, real, scale, lr_scale: opt1.step(flat, lr=opt1.lr * lr_scale, grad_scale=scale)  # noqa: E731
     order = np.random.default_rng(1).integers(0, N, 200 * B)
     losses1, losses2, made = [], [], {"backward": 0, "predicted": 0}
     step = 0
     while step < 150:
         idx = order[step * B:]
+        need = step % 3 == 0   # every third step is made alone and measures its loss (PREDICT: forward)
         if n := runs.backward_run_length(limit):
             assert runs.backward_run(X, idx[:n * B], n, labels=y) == n
             losses2 += runs.fused.losses.tolist()
             made["backward"] += n
-        elif n := runs.predicted_run_length(limit):
+            need = False
+        elif not need and (n := runs.predicted_run_length(limit)):
             runs.predicted_run(n)
             losses2 += [None] * n
             made["predicted"] += n
         else:
             n = 1
-            losses2.append(runs.step(X[idx[:B]], y[idx[:B]], None, need_loss=False))
+            losses2.append(runs.step(X[idx[:B]], y[idx[:B]], None, need_loss=need))
         for j in range(n):
             rows = idx[j * B:(j + 1) * B]
-            losses1.append(one.step(X[rows], y[rows], update, need_loss=False))
+            losses1.append(_protocol_step(one, opt1, X[rows], y[rows], need_loss=need))
         step += n
         _same(_state(one, opt1), _state(runs, opt2))
     assert losses1 == losses2
     assert made["backward"] > 30 and made["predicted"] > 30          # both kinds of run were made
+    assert one.trainer.get_stats().mean_loss["predict"] > 0          # PREDICT steps measured losses
     assert one.trainer.get_stats().cycles > 5
 
 
@@ -130,6 +149,27 @@ def test_run_api_errors_leave_state_untouched():
     with pytest.raises(ValueError, match="out"):
         trainer.predicted_steps(2, opt, stepper.mlp.flat_params(), np.zeros(3, np.float32))
     _same(before, _state(stepper, opt))
+    stepper.predicted_run(1)                       # checked arguments are remembered by identity only:
+    before = _state(stepper, opt)                  # other ones are checked again
+    with pytest.raises(ValueError, match="out"):
+        trainer.predicted_steps(1, opt, stepper.mlp.flat_params(), np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="params"):
+        trainer.predicted_steps(1, opt, np.zeros(3, np.float32), stepper.grads.flat())
+    _same(before, _state(stepper, opt))
+
+
+def test_predicted_steps_measure_books_the_first_loss_or_makes_nothing():
+    stepper, opt = _stepper()
+    X, y = _data()
+    stepper.backward_run(X, np.arange(3 * B, dtype=np.int64), 3, labels=y)
+    trainer, params, out = stepper.trainer, stepper.mlp.flat_params(), stepper.grads.flat()
+    before = _state(stepper, opt)
+    assert math.isnan(trainer.predicted_steps(2, opt, params, out, measure=lambda: math.nan))
+    _same(before, _state(stepper, opt))                              # nothing made or booked
+    assert trainer.predicted_steps(2, opt, params, out, measure=lambda: 0.25) == 0.25
+    stats = trainer.get_stats()
+    assert stats.predict_steps == 2 and stats.mean_loss["predict"] == 0.25 and trainer.total_step == 5
+    assert trainer.predicted_steps(1, opt, params, out) is None
 
 
 def test_backward_run_stops_at_a_non_finite_loss_and_names_a_non_finite_gradient():

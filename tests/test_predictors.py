@@ -64,14 +64,14 @@ def test_anchor_trend_kernel(rng, k, s):
     assert ss == pytest.approx(np.sum(ref.astype(np.float64) ** 2), rel=1e-12)
 
 
-@pytest.mark.parametrize("h", [1, 2, 5])
-def test_weighted_rows_kernel(rng, h):
-    rows = rng.standard_normal((h, 64)).astype(F32)
+@pytest.mark.parametrize("h, n", [(1, 64), (2, 64), (5, 64), (3, 1300), (2, 512)])
+def test_weighted_rows_kernel(rng, h, n):
+    rows = rng.standard_normal((h, n)).astype(F32)     # n = 1300: three chunks, the last partial
     coeffs = rng.standard_normal(h)
     coeffs[0] = 0.0                              # skipped rows add nothing
-    out = np.full(64, 9.0, F32)
+    out = np.full(n, 9.0, F32)
     weighted_rows(rows, coeffs, out)
-    ref = np.zeros(64)
+    ref = np.zeros(n)
     for i in range(h):
         ref = ref + coeffs[i] * rows[i].astype(np.float64)
     np.testing.assert_array_equal(out, ref.astype(F32))

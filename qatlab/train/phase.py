@@ -219,6 +219,7 @@ class PhaseTrainer:
         self._out = np.zeros(n, dtype=np.float32)    # clipped gradient handed out as dict views
         self._out_views = self._layout.views(self._out)
         self._predictor = make_predictor(config.predictor, n, self._config.prediction)
+        self._checked_run_args = (None, None, None)   # predicted_steps' (opt, params, out) once checked
         self._accumulator = None
         self._compressor = None
         self.reset()
@@ -621,10 +622,9 @@ class PhaseTrainer:
             first = self._total
             self._real = pred.adopt_run(real, first, done)
             self._micro_batches += done
-            phase = self._segment
-            for loss, sumsq in zip(losses[:done], sumsqs[:done]):
+            for sumsq in sumsqs[:done]:
                 self._set_clip(real, sumsq)
-                self._book(phase, loss)
+            self._book_run(self._segment, done, losses[:done])
             self._seconds[0] += seconds
             self._timed[0] += done
         return done
@@ -639,7 +639,8 @@ class PhaseTrainer:
             return 0
         return min((j // every + 1) * every, self._predict_len + 1) - j
 
-    def predicted_steps(self, count: int, opt, params: np.ndarray, out: np.ndarray) -> None:
+    def predicted_steps(self, count: int, opt, params: np.ndarray, out: np.ndarray,
+                        measure=None) -> float | None:
         """Make the next ``count`` (<= :meth:`predict_run_length`) PREDICT steps in one Numba call,
         each updating ``opt`` -- a :class:`qatlab.optim.Optimizer` over ``params``, one flat
         float32 (n,) array holding every parameter in ``layout`` order -- exactly as this would,
@@ -654,17 +655,28 @@ class PhaseTrainer:
 
         ``out`` float32 (n,) is left holding the last prediction (unscaled). The time of the call
         counts as predicted-step seconds.
+
+        ``measure``: None, or a function called first (timed with the steps) that returns the first
+        step's loss on its batch, e.g. a forward pass for a metrics row: it is booked as that
+        step's loss, as ``end_step(loss)`` would. If it is not finite, nothing is made or booked.
+        Returns that loss (None without ``measure``).
         """
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= self.predict_run_length():
             raise ValueError(f"count: expected 1 <= count <= predict_run_length() = {self.predict_run_length()}, "
                              f"got {count!r}")
-        dst = self._layout.check_flat(out, "out", finite=False)
-        if not (hasattr(opt, "is_over") and opt.is_over(self._layout.check_flat(params, "params", finite=False))):
-            raise ValueError("opt: expected an Optimizer over exactly the flat array params")
-        t0 = _clock()
+        checked = self._checked_run_args      # the same three objects as last time: checked then
+        if not (checked[0] is opt and checked[1] is params and checked[2] is out):
+            self._layout.check_flat(out, "out", finite=False)
+            if not (hasattr(opt, "is_over") and opt.is_over(self._layout.check_flat(params, "params", finite=False))):
+                raise ValueError("opt: expected an Optimizer over exactly the flat array params")
+            self._checked_run_args = (opt, params, out)
         pred = self._predictor
         if pred.anchor_step < 0:
             raise RuntimeError("predict: no real gradient recorded yet")
+        t0 = _clock()
+        loss = None if measure is None else float(measure())
+        if loss is not None and not math.isfinite(loss):
+            return loss
         first = self._total
         pred.prepare()
         ks = np.array([pred.steps_since_anchor(first + j) for j in range(count)])
@@ -674,7 +686,7 @@ class PhaseTrainer:
         lrs = opt.fused_run_scalars(scs, lr_scale=pred.gain) if pred.gain != 0.0 else []
         code, s0, s1 = opt.fused_kernel()
         clipped, norm, opt_norm = predicted_steps(pred.anchor, pred.trend, ks, pred.correction, corr_scales,
-                                                  float(pred.gain), self._max_grad_norm, dst, code, s0, s1,
+                                                  float(pred.gain), self._max_grad_norm, out, code, s0, s1,
                                                   params, scs)
         for lr in lrs:
             opt.fused_done(lr, opt_norm)
@@ -682,8 +694,12 @@ class PhaseTrainer:
         self._last_norm = norm
         self._seconds[1] += _clock() - t0
         self._timed[1] += count
-        for _ in range(count):
-            self._book(TrainingPhase.PREDICT, None)
+        if loss is not None:
+            self._book_run(TrainingPhase.PREDICT, 1, [loss])
+            count -= 1
+        if count:
+            self._book_run(TrainingPhase.PREDICT, count)
+        return loss
 
     def apply_correction(self, grads: dict) -> CorrectionResult:
         """Manual correction: fold real ``grads`` measured at the current step into the
@@ -743,6 +759,27 @@ class PhaseTrainer:
                 acc[0] += loss
                 acc[1] += 1
         self._prev_phase = phase
+        self._advance()
+
+    def _book_run(self, phase: TrainingPhase, count: int, losses: list[float] | None = None) -> None:
+        """:meth:`_book` of ``count`` steps of ``phase`` in a row that the current segment holds
+        (``losses``: theirs, or None: not measured); the same sums, in the same order."""
+        code = phase.value
+        self._counts[code] += count
+        self._total += count
+        if losses is not None:
+            total, acc = self._loss_sums[code], self._cycle_loss[0 if code == _FULL else 1]
+            block = acc[0]
+            for loss in losses:
+                total += loss
+                block += loss
+            self._loss_sums[code] = total
+            self._loss_counts[code] += count
+            if code:    # not WARMUP
+                acc[0] = block
+                acc[1] += count
+        self._prev_phase = phase
+        self._pos += count - 1
         self._advance()
 
     # ------------------------------------------------------------------ reporting

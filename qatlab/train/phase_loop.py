@@ -13,7 +13,9 @@ Runs (a FusedStep covers the model, gradient_accumulation = 1): consecutive WARM
 go through one :meth:`FusedStep.steps` call (:meth:`PhaseStepper.backward_run`) and consecutive
 PREDICT steps through one kernel call (:meth:`PhaseStepper.predicted_run`), booked by
 :meth:`PhaseTrainer.backward_run` / :meth:`PhaseTrainer.predicted_steps`, with the numbers of
-one :meth:`PhaseStepper.step` each.
+one :meth:`PhaseStepper.step` each. A PREDICT step made alone (one that logs a metrics row, or an
+epoch's last, partial batch) is a one-step :meth:`PhaseTrainer.predicted_steps` call too, its
+forward pass (if the loss is needed) as its ``measure``.
 
 What a skipped forward changes: the epoch's train loss and the adaptive-phase rule average
 the measured steps (every FULL and CORRECT step, and PREDICT steps that log a row); a
@@ -51,14 +53,19 @@ class PhaseStepper:
         """One step on the batch, then ``update(flat_grads, real_gradient, grad_scale, lr_scale)``
         (grad_scale: the factor still to apply to flat_grads; lr_scale: to the learning rate,
         :attr:`PhaseTrainer.lr_scale`; no call for a PREDICT step while the learned gain is 0, see
-        :meth:`PhaseTrainer.get_predicted_gradients`); see the module doc. With a
-        FusedStep and gradient_accumulation = 1, a backward step is one fused call that updates
-        through the FusedStep's optimizer (``update`` is not called).
+        :meth:`PhaseTrainer.get_predicted_gradients`); see the module doc. With a FusedStep, a
+        PREDICT step is :meth:`PhaseTrainer.predicted_steps` of one step (its forward pass as
+        ``measure``), and with gradient_accumulation = 1 too a backward step is one fused call;
+        both update through the FusedStep's optimizer (``update`` is not called).
 
         Returns the batch loss, or None for a PREDICT step when ``need_loss`` is False (no
-        forward pass). A non-finite loss returns at once without updating and leaves the step
-        open: the run ends as diverged (call ``trainer.reset()`` to reuse the trainer).
+        forward pass). A non-finite loss returns at once without updating: the run ends as
+        diverged (call ``trainer.reset()`` to reuse the trainer).
         """
+        if self.fused is not None and self.trainer.predict_run_length():     # a PREDICT step in one call
+            measure = (lambda: self._loss(xb, yb, backward=False)) if need_loss else None
+            return self.trainer.predicted_steps(1, self.fused.opt, self.mlp.flat_params(), self.grads.flat(),
+                                                measure)
         info = self.trainer.begin_step()
         if info.needs_backward and self.fused is not None and self.k == 1:
             return self._fused_backward_step(xb, yb)
