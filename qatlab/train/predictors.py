@@ -75,7 +75,7 @@ Measured on digits (``python -m qatlab.bench phase``, 5 optimizer seeds): applie
 (the ``learned_gain off`` row), the predictions have a mean cosine of -0.35 with the real
 gradients on CORRECT steps and cost 5.2 pp of test accuracy on average (17.8 pp on the worst
 seed). With the gain on the gradient only: -0.1 pp (worst -1.1), 1.1x wall-clock; with the gain
-on the learning rate too: +0.0 pp (worst -0.8), 1.2x (median over the seeds), and the cosine
+on the learning rate too: +0.0 pp (worst -0.8), 1.2-1.3x (median over the seeds), and the cosine
 rises to about 0 (the anti-correlation was the real gradient pulling back from that coasting).
 """
 from __future__ import annotations
