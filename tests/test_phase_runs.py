@@ -158,6 +158,18 @@ def test_run_api_errors_leave_state_untouched():
     _same(before, _state(stepper, opt))
 
 
+def test_a_lone_predict_step_with_a_non_finite_loss_makes_nothing():
+    stepper, opt = _stepper()
+    X, y = _data()
+    stepper.backward_run(X, np.arange(3 * B, dtype=np.int64), 3, labels=y)
+    before = _state(stepper, opt)
+    bad = X[:B].copy()
+    bad[0, 0] = np.inf
+    assert math.isnan(stepper.step(bad, y[:B], None, need_loss=True))
+    _same(before, _state(stepper, opt))
+    assert stepper.step(X[:B], y[:B], None, need_loss=True) > 0 and stepper.trainer.total_step == 4
+
+
 def test_predicted_steps_measure_books_the_first_loss_or_makes_nothing():
     stepper, opt = _stepper()
     X, y = _data()

@@ -260,8 +260,11 @@ def test_diverging_run_reports_diverged_and_process_carries_on():
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_diverging_cross_entropy_run_diverges():
-    res = ql.run_experiment(tiny(optimizer="sgd", lr=1e3, epochs=5))
+@pytest.mark.parametrize("phase", [False, True])
+def test_diverging_cross_entropy_run_diverges(phase):
+    cfg = tiny(optimizer="sgd", lr=1e3, epochs=5)
+    cfg.phase.enabled, cfg.phase.max_grad_norm = phase, 0.0     # phase training clips by default
+    res = ql.run_experiment(cfg)
     assert res.status == "diverged" and "nan" in res.message
 
 
