@@ -2,8 +2,8 @@ r"""Numba kernels of phase training (:mod:`qatlab.train.phase` and its parts).
 
 All vectors are flat float32 (n,) unless stated; sums are accumulated in float64 and
 stored as float32. Nothing allocates but weighted_rows' 4 KiB buffer; results go to ``out=``
-buffers or are returned as scalars. The only fastmath flag used is reassociation of sums (NaN and inf still propagate:
-the finiteness checks must see them).
+buffers or are returned as scalars. The only fastmath flag used is reassociation of sums (NaN
+and inf still propagate: the finiteness checks must see them).
 
 Counter-based randomness (no generator state, so any element can be drawn on its own)::
 

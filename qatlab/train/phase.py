@@ -101,6 +101,13 @@ _FALLING_CYCLES = 2
 _NAN = float("nan")
 
 
+def _added(total: float, values) -> float:
+    """total + values[0] + values[1] + ..., added one at a time (as a step-by-step loop adds them)."""
+    for v in values:
+        total += v
+    return total
+
+
 class TrainingPhase(enum.IntEnum):
     """Phase of one step; the int code is what metrics columns store."""
 
@@ -768,15 +775,11 @@ class PhaseTrainer:
         self._counts[code] += count
         self._total += count
         if losses is not None:
-            total, acc = self._loss_sums[code], self._cycle_loss[0 if code == _FULL else 1]
-            block = acc[0]
-            for loss in losses:
-                total += loss
-                block += loss
-            self._loss_sums[code] = total
+            self._loss_sums[code] = _added(self._loss_sums[code], losses)
             self._loss_counts[code] += count
             if code:    # not WARMUP
-                acc[0] = block
+                acc = self._cycle_loss[0 if code == _FULL else 1]
+                acc[0] = _added(acc[0], losses)
                 acc[1] += count
         self._prev_phase = phase
         self._pos += count - 1
