@@ -751,26 +751,12 @@ class PhaseTrainer:
         self._seconds[kind] += _clock() - self._t0
         self._timed[kind] += 1
         self._in_step = False
-        self._book(phase, loss)
-
-    def _book(self, phase: TrainingPhase, loss: float | None) -> None:
-        """Count a finished step of ``phase`` and its loss (None: not measured); advance the schedule."""
-        code = phase.value
-        self._counts[code] += 1
-        self._total += 1
-        if loss is not None:
-            self._loss_sums[code] += loss
-            self._loss_counts[code] += 1
-            if code:    # not WARMUP
-                acc = self._cycle_loss[0 if code == _FULL else 1]
-                acc[0] += loss
-                acc[1] += 1
-        self._prev_phase = phase
-        self._advance()
+        self._book_run(phase, 1, None if loss is None else [loss])
 
     def _book_run(self, phase: TrainingPhase, count: int, losses: list[float] | None = None) -> None:
-        """:meth:`_book` of ``count`` steps of ``phase`` in a row that the current segment holds
-        (``losses``: theirs, or None: not measured); the same sums, in the same order."""
+        """Count ``count`` finished steps of ``phase`` in a row, all in the current segment, and
+        their losses (``losses``: one per step, added in order; None: not measured); advance the
+        schedule past them."""
         code = phase.value
         self._counts[code] += count
         self._total += count
