@@ -27,7 +27,8 @@ import math
 import numpy as np
 
 from . import parallel
-from .kernels.fused import BACKWARD, FORWARD, UPDATE, batch_rows_error, train_step, train_steps
+from .kernels.fused import (BACKWARD, CORRECT_LAST, FORWARD, NO_LAST, UPDATE, batch_rows_error, predict_block,
+                            train_step, train_steps)
 from .nn import _f32_2d, _labels
 from .quant import TernaryQuantizer
 
@@ -115,9 +116,33 @@ class FusedStep:
         a loss or a stashed gradient is not finite (that step, the last one made, updated nothing).
         """
         mlp, opt = self.mlp, self.opt
-        if opt is None:
-            raise ValueError("steps: needs the optimizer given to FusedStep")
-        n_in, n_out = mlp.sizes[0], mlp.sizes[-1]
+        X, labels, targets, onehot, B = self._run_inputs("steps", X, idx, count, labels, targets, onehot)
+        stash, acc = self._check_stash(stash), self._check_stash(accumulate, "accumulate")
+        if acc is not _NO_STATE and stash is _NO_STATE:
+            raise ValueError("accumulate: needs a stash")
+        clip = self._check_clip(clip)
+        xb, lab, tgt = self._batch_buffers(B)
+        scs, losses, correct, norms, sumsqs = self._block_buffers(count)
+        lrs = opt.fused_run_scalars(scs)
+        hs, ds = self._run_rows(B)
+        code, s0, s1 = self._opt_kernel
+        done = train_steps(X, labels, targets, idx, onehot, xb, lab, tgt, mlp._act, self._ternary, self._stes,
+                           self._alphas, self._ws, self._bs, self._wqs, hs, ds, self._dws, self._dbs, code, s0, s1,
+                           self._params, self._grads, scs, stash, clip, acc, bool(accumulate_fresh), losses, correct,
+                           norms, sumsqs)
+        self._after(xb, hs)
+        last_ok = math.isfinite(losses[done - 1]) and (stash is _NO_STATE or math.isfinite(sumsqs[done - 1]))
+        for j in range(done if last_ok else done - 1):
+            opt.fused_done(lrs[j], norms[j])
+        self.losses, self.correct, self.stash_sumsqs = losses[:done], correct[:done], sumsqs[:done]
+        return done
+
+    def _run_inputs(self, what, X, idx, count, labels, targets, onehot):
+        """Checked inputs of a run of ``count`` steps on batches ``X[idx[j*B:(j+1)*B]]`` (steps()'s
+        doc), checked before any step is made: (X, labels, targets, onehot, B)."""
+        n_in, n_out = self.mlp.sizes[0], self.mlp.sizes[-1]
+        if self.opt is None:
+            raise ValueError(f"{what}: needs the optimizer given to FusedStep")
         if not (X.__class__ is np.ndarray and X.dtype == np.float32 and X.ndim == 2 and X.shape[1] == n_in
                 and X.flags.c_contiguous):
             raise ValueError(f"X: expected a C-contiguous float32 array of shape (n, {n_in})")
@@ -137,34 +162,58 @@ class FusedStep:
                     and targets.shape == (len(X), n_out) and targets.flags.c_contiguous):
                 raise ValueError(f"targets: expected C-contiguous float32 of shape ({len(X)}, {n_out})")
             labels, onehot = _NO_LABELS, True
-        bad = batch_rows_error(idx, len(X), labels, n_out)     # before any step is made
+        bad = batch_rows_error(idx, len(X), labels, n_out)
         if bad == 1:
             raise ValueError(f"idx: row numbers must lie in [0, {len(X)})")
         if bad == 2:
             raise ValueError(f"labels: every label of a row in idx must be in [0, {n_out})")
-        stash, acc = self._check_stash(stash), self._check_stash(accumulate, "accumulate")
-        if acc is not _NO_STATE and stash is _NO_STATE:
-            raise ValueError("accumulate: needs a stash")
-        clip = self._check_clip(clip)
-        B = len(idx) // count
-        xb, lab, tgt = self._batch_buffers(B)
-        scs, losses, correct, norms, sumsqs = self._block_buffers(count)
-        lrs = opt.fused_run_scalars(scs)
-        hs, ds = self._batch_rows(B)
+        return X, labels, targets, bool(onehot), len(idx) // count
+
+    def _run_rows(self, B):
+        """The batch-B row buffers, with the quantizers' STE codes brought up to date."""
         stes = self._stes
         for i, q in self._ternary_layers:
             stes[i] = q._code
+        return self._batch_rows(B)
+
+    def predict_block(self, X, idx, run, labels=None, targets=None, onehot: bool = False) -> int:
+        """The steps of a :class:`qatlab.train.phase.PredictBlock` ``run`` in one call
+        (:func:`qatlab.kernels.fused.predict_block`): its PREDICT steps, each prediction written into
+        the gradient buffer (``grads.flat()``) and the update made through this step's optimizer at
+        ``run.gain`` times the scheduled learning rate (no update at gain 0),
+        then by ``run.last`` a forward pass measuring the last PREDICT step's loss, or a CORRECT
+        step (an UPDATE step with ``run.stash`` and ``run.clip``, as ``self(x, stash=, clip=)``),
+        both on the batch ``X[idx]`` (idx int64 (B,); labels / targets / onehot as in
+        :meth:`steps`). The optimizer and the Python objects are left as after those steps.
+
+        Fills ``run.result`` (see the kernel) and returns the steps made: all, or all but the
+        last when its loss or stashed gradient is not finite (it made no update).
+        """
+        opt = self.opt
+        X, labels, targets, onehot, B = self._run_inputs("predict_block", X, idx, 1, labels, targets, onehot)
+        correct_last = run.last == CORRECT_LAST
+        n_pred = len(run.ks) - correct_last
+        updates = n_pred if run.gain != 0.0 else 0
+        scs = self._block_buffers(updates + 1)[0]
+        lrs = opt.fused_run_scalars(scs[:updates], lr_scale=run.gain) if updates else []
+        if correct_last:
+            lr = opt.schedule(opt.t + updates)
+            opt.fused_scalars(lr, ahead=updates, out=scs[updates])
+        xb, lab, tgt = self._batch_buffers(B)
+        hs, ds = self._run_rows(B)
         code, s0, s1 = self._opt_kernel
-        done = train_steps(X, labels, targets, idx, bool(onehot), xb, lab, tgt, mlp._act, self._ternary, stes,
-                           self._alphas, self._ws, self._bs, self._wqs, hs, ds, self._dws, self._dbs, code, s0, s1,
-                           self._params, self._grads, scs, stash, clip, acc, bool(accumulate_fresh), losses, correct,
-                           norms, sumsqs)
-        self._after(xb, hs)
-        last_ok = math.isfinite(losses[done - 1]) and (stash is _NO_STATE or math.isfinite(sumsqs[done - 1]))
-        for j in range(done if last_ok else done - 1):
-            opt.fused_done(lrs[j], norms[j])
-        self.losses, self.correct, self.stash_sumsqs = losses[:done], correct[:done], sumsqs[:done]
-        return done
+        made = predict_block(run.anchor, run.trend, run.ks, run.correction, run.corr_scales, run.gain, run.max_norm,
+                             self._grads, run.last, run.pred, run.scores, X, labels, targets, idx, onehot, xb, lab, tgt,
+                             self.mlp._act, self._ternary, self._stes, self._alphas, self._ws, self._bs, self._wqs,
+                             hs, ds, self._dws, self._dbs, code, s0, s1, self._params, self._grads, scs,
+                             run.stash, run.clip, run.result)
+        if run.last != NO_LAST:
+            self._after(xb, hs)
+        for lr_j in lrs[:min(made, n_pred)]:
+            opt.fused_done(lr_j, run.result[2])
+        if correct_last and made > n_pred:
+            opt.fused_done(lr, run.result[4])
+        return made
 
     def _check_stash(self, stash, name="stash"):
         if stash is None:
@@ -232,7 +281,7 @@ class FusedStep:
         if stage not in _STAGES:
             raise ValueError(f"stage: expected FORWARD (0), BACKWARD (1) or UPDATE (2), got {stage!r}")
         clip = self._check_clip(clip)
-        hs, ds = self._batch_rows(B)
+        hs, ds = self._run_rows(B)      # a quantizer's STE may have changed: its code too
         if stage == UPDATE:
             if opt is None:
                 raise ValueError("stage: UPDATE needs the optimizer given to FusedStep")
@@ -241,12 +290,9 @@ class FusedStep:
             sc = opt.fused_scalars(lr)
         else:
             code, s0, s1, sc = 0, _NO_STATE, _NO_STATE, _NO_SCALARS
-        stes = self._stes
-        for i, q in self._ternary_layers:       # a quantizer's STE may have changed
-            stes[i] = q._code
         stash = self._check_stash(stash)
         loss, norm, self.stash_sumsq = train_step(
-            x, labels, targets, stage, mlp._act, self._ternary, stes, self._alphas, self._ws, self._bs,
+            x, labels, targets, stage, mlp._act, self._ternary, self._stes, self._alphas, self._ws, self._bs,
             self._wqs, hs, ds, self._dws, self._dbs, code, s0, s1, self._params, self._grads, sc, stash, clip)
         self._after(x, hs)
         if stage == UPDATE and math.isfinite(loss) and (stash is _NO_STATE or math.isfinite(self.stash_sumsq)):

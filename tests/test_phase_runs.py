@@ -11,6 +11,7 @@ import pytest
 
 from qatlab.config import PhaseConfig
 from qatlab.fused import FusedStep
+from qatlab.kernels.fused import CORRECT_LAST, MEASURED_PREDICT, NO_LAST
 from qatlab.nn import Mlp
 from qatlab.optim import Adam
 from qatlab.quant import TernaryQuantizer
@@ -78,30 +79,37 @@ def test_runs_match_step_by_step(predictor, warmup, limit):
     X, y = _data()
     (one, opt1), (runs, opt2) = _stepper(predictor, warmup), _stepper(predictor, warmup)
     order = np.random.default_rng(1).integers(0, N, 200 * B)
-    losses1, losses2, made = [], [], {"backward": 0, "predicted": 0}
+    rng = np.random.default_rng(2)
+    losses1, losses2, made = [], [], {"backward": 0, "alone": 0, NO_LAST: 0, MEASURED_PREDICT: 0, CORRECT_LAST: 0}
     step = 0
     while step < 150:
         idx = order[step * B:]
-        need = step % 3 == 0   # every third step is made alone and measures its loss (PREDICT: forward)
-        if n := runs.backward_run_length(limit):
+        if step % 7 == 3:                          # made alone; a PREDICT step measures its loss
+            n, needs = 1, [True]
+            losses2.append(runs.step(X[idx[:B]], y[idx[:B]], None, need_loss=True))
+            made["alone"] += 1
+        elif n := runs.backward_run_length(limit):
             assert runs.backward_run(X, idx[:n * B], n, labels=y) == n
             losses2 += runs.fused.losses.tolist()
             made["backward"] += n
-            need = False
-        elif not need and (n := runs.predicted_run_length(limit)):
-            runs.predicted_run(n)
-            losses2 += [None] * n
-            made["predicted"] += n
+            needs = [True] * n
         else:
-            n = 1
-            losses2.append(runs.step(X[idx[:B]], y[idx[:B]], None, need_loss=need))
+            n = runs.block_run_length(limit)
+            measure = bool(rng.integers(2))
+            correct = runs.trainer.predict_run_length() < n
+            loss, right = runs.block_run(X, idx[:n * B], n, measure_last=measure, labels=y)
+            losses2 += [None] * (n - 1) + [loss]
+            made[CORRECT_LAST if correct else MEASURED_PREDICT if measure else NO_LAST] += 1
+            needs = [False] * (n - 1) + [measure or correct]
+            if loss is not None:
+                assert right == int(np.sum(np.argmax(runs.scratch.output(), axis=1) == y[idx[(n - 1) * B:n * B]]))
         for j in range(n):
             rows = idx[j * B:(j + 1) * B]
-            losses1.append(_protocol_step(one, opt1, X[rows], y[rows], need_loss=need))
+            losses1.append(_protocol_step(one, opt1, X[rows], y[rows], need_loss=needs[j]))
         step += n
         _same(_state(one, opt1), _state(runs, opt2))
     assert losses1 == losses2
-    assert made["backward"] > 30 and made["predicted"] > 30          # both kinds of run were made
+    assert made["backward"] > 30 and min(made.values()) > 3        # every kind of run was made
     assert one.trainer.get_stats().mean_loss["predict"] > 0          # PREDICT steps measured losses
     assert one.trainer.get_stats().cycles > 5
 
@@ -149,8 +157,16 @@ def test_run_api_errors_leave_state_untouched():
     with pytest.raises(ValueError, match="out"):
         trainer.predicted_steps(2, opt, stepper.mlp.flat_params(), np.zeros(3, np.float32))
     _same(before, _state(stepper, opt))
-    stepper.predicted_run(1)                       # checked arguments are remembered by identity only:
-    before = _state(stepper, opt)                  # other ones are checked again
+    trainer.predicted_steps(1, opt, stepper.mlp.flat_params(), stepper.grads.flat())   # remembered by identity
+    before = _state(stepper, opt)
+    assert trainer.predict_block_length() == 3                     # block runs: up to the CORRECT step
+    with pytest.raises(ValueError, match="count"):
+        stepper.block_run(X, np.arange(4 * B, dtype=np.int64), 4, labels=y)
+    with pytest.raises(ValueError, match="idx"):                   # the batch is checked before anything is made
+        stepper.block_run(X, np.full(2 * B, N, dtype=np.int64), 2, labels=y)
+    _same(before, _state(stepper, opt))
+    stepper.block_run(X, np.arange(B, dtype=np.int64), 1, labels=y)   # arguments checked before are only
+    before = _state(stepper, opt)                                   # remembered: other ones are checked again
     with pytest.raises(ValueError, match="out"):
         trainer.predicted_steps(1, opt, stepper.mlp.flat_params(), np.zeros(3, np.float32))
     with pytest.raises(ValueError, match="params"):
@@ -211,7 +227,7 @@ def test_predicted_steps_at_gain_zero_make_no_update(in_runs):
     before = (stepper.mlp.flat_params().copy(), [s.copy() for s in opt._state], opt.t)
     calls = []
     if in_runs:
-        stepper.predicted_run(3)
+        stepper.block_run(X, np.arange(3 * B, dtype=np.int64), 3, labels=y)
     else:
         for _ in range(3):
             stepper.step(X[:B], y[:B], lambda *a: calls.append(a), need_loss=False)
@@ -271,5 +287,75 @@ def test_lr_scale_is_the_gain_on_predict_steps_only():
     trainer.end_step(None)
     assert trainer.lr_scale == 1.0                       # between steps
     lr0, t0 = opt.lr, opt.t
-    stepper.predicted_run(2)
+    stepper.block_run(X, np.arange(2 * B, dtype=np.int64), 2, labels=y)
     assert opt.t == t0 + 2 and opt.last_lr == pytest.approx(lr0 * 0.25)
+
+
+@pytest.mark.parametrize("count, measure", [(4, False), (2, True), (1, True)])
+def test_a_block_run_whose_last_loss_is_not_finite_books_the_steps_before_it(count, measure):
+    """The last step (CORRECT, or a PREDICT step measuring its loss) has an inf input: it makes and
+    books nothing, the PREDICT steps before it are made as step by step."""
+    X, y = _data()
+    (one, opt1), (runs, opt2) = _stepper(), _stepper()
+    idx = np.arange(3 * B, dtype=np.int64)
+    one.backward_run(X, idx, 3, labels=y)
+    runs.backward_run(X, idx, 3, labels=y)
+    for _ in range(count - 1):
+        _protocol_step(one, opt1, X[:B], y[:B], need_loss=False)
+    X[:, 0] = np.inf                                      # only the last step's batch is read
+    loss, right = runs.block_run(X, np.arange(count * B, dtype=np.int64), count, measure_last=measure, labels=y)
+    assert math.isnan(loss) and right == 0
+    _same(_state(one, opt1), _state(runs, opt2))
+    assert runs.trainer.total_step == 3 + count - 1
+
+
+def test_a_correct_step_with_a_finite_loss_and_a_non_finite_gradient_names_the_parameter():
+    stepper, opt = _stepper()
+    X, y = _data()
+    stepper.backward_run(X, np.arange(3 * B, dtype=np.int64), 3, labels=y)
+
+    def nan_gradient(run):                                # 3 PREDICT steps made, the CORRECT one not
+        assert run.last == CORRECT_LAST and len(run.ks) == 4
+        run.stash[7] = np.nan
+        run.result[:] = [0, 0.5, math.nan, 0.3, math.nan, math.nan, 0, 1000, 2000]
+        return 3
+
+    with pytest.raises(ValueError, match=r"grads\['w0'\]: contains NaN or inf"):
+        stepper.trainer.predict_block_run(4, nan_gradient)
+    assert stepper.trainer.total_step == 6 and stepper.trainer.get_stats().correct_steps == 0
+
+
+def test_a_block_run_splits_its_seconds_by_the_kernel_clock(monkeypatch):
+    """PREDICT steps: the Python before the kernel and its PREDICT nanoseconds; the CORRECT step: its
+    nanoseconds and the Python after the kernel."""
+    from qatlab.train import phase
+
+    stepper, opt = _stepper()
+    X, y = _data()
+    stepper.backward_run(X, np.arange(3 * B, dtype=np.int64), 3, labels=y)
+    trainer = stepper.trainer
+    ticks = iter([10.0, 10.5, 11.0])                     # call starts, kernel returns, booking done
+    monkeypatch.setattr(phase, "_clock", lambda: next(ticks))
+    seconds = trainer.get_stats().backward_seconds
+
+    def kernel(run):
+        made = stepper.fused.predict_block(X, np.arange(B, dtype=np.int64), run, labels=y)
+        run.result[7], run.result[8] = 100e6, 250e6     # 0.1 s predicting, 0.25 s in the CORRECT step
+        return made
+
+    assert trainer.predict_block_run(4, kernel) > 0
+    stats = trainer.get_stats()
+    assert stats.predict_seconds == pytest.approx(0.5 - 0.25)
+    assert stats.backward_seconds - seconds == pytest.approx(0.25 + 0.5)
+    assert (stats.predict_steps, stats.correct_steps) == (3, 1)
+
+
+def test_the_kernel_clock_reads_time_monotonic_ns():
+    import time
+
+    from qatlab.kernels.clock import AVAILABLE, monotonic_ns
+
+    assert AVAILABLE                                        # Linux and macOS
+    before = time.monotonic_ns()
+    now = monotonic_ns()
+    assert before <= now <= time.monotonic_ns()

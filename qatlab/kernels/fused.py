@@ -22,7 +22,8 @@ from .dense import (IDENTITY, act_backward_inplace, bias_act_inplace, count_corr
                     sum_squares)
 from .fakequant import ternary_backward, ternary_forward
 from .optim_kernels import _adam_kernel, _momentum_kernel, _sgd_kernel
-from .phase_kernels import anchor_trend, copy_sum_squares
+from .clock import monotonic_ns
+from .phase_kernels import anchor_trend, compare_vectors, copy_sum_squares
 
 FORWARD, BACKWARD, UPDATE = 0, 1, 2   # how far a step goes: loss only, + gradients, + optimizer update
 
@@ -122,6 +123,25 @@ def batch_rows_error(idx, n_rows, labels, n_classes):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _gather(X, Y, T, idx, j, mse_loss, xb, labels, targets):
+    """Batch j of :func:`train_steps` into xb, labels, targets; returns the (labels, targets) a
+    train_step on it takes (one of them with 0 rows)."""
+    B = xb.shape[0]
+    has_labels = Y.shape[0] > 0
+    for r in range(B):
+        row = idx[j * B + r]
+        xb[r, :] = X[row, :]
+        if has_labels:
+            labels[r] = Y[row]
+            if mse_loss:
+                targets[r, :] = 0.0
+                targets[r, Y[row]] = 1.0
+        else:
+            targets[r, :] = T[row, :]
+    return (labels[:0], targets) if mse_loss else (labels, targets[:0])
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def train_steps(X, Y, T, idx, mse_loss, xb, labels, targets, act, ternary, stes, alphas, ws, bs, wqs, hs, ds,
                 dws, dbs, opt, state0, state1, p, g, scs, stash, clip, acc, acc_fresh, losses, correct, norms, sumsqs):
     """``len(scs)`` UPDATE steps of :func:`train_step` in a row, each on its own batch gathered here.
@@ -141,21 +161,9 @@ def train_steps(X, Y, T, idx, mse_loss, xb, labels, targets, act, ternary, stes,
     gradient is not finite -- that step updated nothing (acc included), as in train_step, and the
     later ones did not run.
     """
-    B = xb.shape[0]
     has_labels = Y.shape[0] > 0
     for j in range(scs.shape[0]):
-        for r in range(B):
-            row = idx[j * B + r]
-            xb[r, :] = X[row, :]
-            if has_labels:
-                labels[r] = Y[row]
-                if mse_loss:
-                    targets[r, :] = 0.0
-                    targets[r, Y[row]] = 1.0
-            else:
-                targets[r, :] = T[row, :]
-        step_labels = labels[:0] if mse_loss else labels
-        step_targets = targets if mse_loss else targets[:0]
+        step_labels, step_targets = _gather(X, Y, T, idx, j, mse_loss, xb, labels, targets)
         loss, norm, sumsq = train_step(xb, step_labels, step_targets, UPDATE, act, ternary, stes, alphas, ws, bs,
                                        wqs, hs, ds, dws, dbs, opt, state0, state1, p, g, scs[j], stash, clip)
         losses[j], norms[j], sumsqs[j] = loss, norm, sumsq
@@ -198,3 +206,70 @@ def predicted_steps(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, o
             clipped += 1
         opt_norm = _update(opt, state0, state1, p, out, scs[j], scale * gain)
     return clipped, norm, opt_norm
+
+
+NO_LAST, MEASURED_PREDICT, CORRECT_LAST = 0, 1, 2   # predict_block: how its run ends
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def predict_block(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, last, pred, scores,
+                  X, Y, T, idx, mse_loss, xb, labels, targets, act, ternary, stes, alphas, ws, bs, wqs, hs, ds,
+                  dws, dbs, opt, state0, state1, p, g, scs, stash, clip, result):
+    """Steps of phase training's predict block in one call, timed by kind: ``n`` PREDICT steps as
+    :func:`predicted_steps` makes them (ks[j], corr_scales[j]: step j's), then by ``last``:
+
+    - NO_LAST: nothing more (n = len(ks));
+    - MEASURED_PREDICT: PREDICT step n - 1 (n = len(ks)) first measures its loss: a forward pass on
+      the batch ``idx`` (:func:`train_steps`' gathering, batch 0) before its update;
+    - CORRECT_LAST: then (n = len(ks) - 1) a CORRECT step on the batch ``idx``: :func:`train_step`
+      UPDATE with ``stash``, ``clip`` and the last scalars; then ``pred`` = the prediction for that
+      step (anchor_trend with ks[n], corr_scales[n]; anchor, trend and corr as they were) and
+      ``scores`` = compare_vectors(stash, pred).
+
+    Arguments as in :func:`predicted_steps` and :func:`train_steps`; scs float64: the optimizer
+    scalars of each update (the PREDICT ones, none when gain is 0; then the CORRECT one).
+    result float64 (9,) receives: PREDICT steps clipped, the last one's norm of gain * prediction and
+    its optimizer norm (as predicted_steps returns them); the last step's loss (NaN if none);
+    the CORRECT step's optimizer norm and stashed sum of squares; rows of the measured batch
+    whose argmax is the label; nanoseconds in the PREDICT steps (the measured forward pass
+    included) and in the CORRECT step (:func:`qatlab.kernels.clock.monotonic_ns`).
+
+    Returns the steps made: all, or all but the last when its loss (or an alpha) or the CORRECT
+    step's stashed gradient is not finite -- that step made no update.
+    """
+    t0 = monotonic_ns()
+    n = ks.shape[0] - 1 if last == CORRECT_LAST else ks.shape[0]
+    plain = n - 1 if last == MEASURED_PREDICT else n       # PREDICT steps before any forward pass
+    upd = plain if gain != 0.0 else 0                        # and their updates
+    result[:] = math.nan
+    result[0] = result[6] = result[8] = 0.0
+    if plain > 0:
+        result[0], result[1], result[2] = predicted_steps(anchor, trend, ks[:plain], corr, corr_scales[:plain], gain,
+                                                          max_norm, out, opt, state0, state1, p, scs[:upd])
+    made = plain
+    t1 = monotonic_ns()
+    if last != NO_LAST:
+        step_labels, step_targets = _gather(X, Y, T, idx, 0, mse_loss, xb, labels, targets)
+        stage = FORWARD if last == MEASURED_PREDICT else UPDATE
+        loss, result[4], result[5] = train_step(xb, step_labels, step_targets, stage, act, ternary, stes, alphas,
+                                                ws, bs, wqs, hs, ds, dws, dbs, opt, state0, state1, p, g, scs[upd],
+                                                stash, clip)
+        result[3] = loss
+        if np.isfinite(loss) and last == MEASURED_PREDICT:
+            clipped, result[1], result[2] = predicted_steps(anchor, trend, ks[n - 1:], corr, corr_scales[n - 1:],
+                                                            gain, max_norm, out, opt, state0, state1, p,
+                                                            scs[upd:upd + 1] if gain != 0.0 else scs[:0])
+            result[0] += clipped
+            made += 1
+        elif np.isfinite(loss) and np.isfinite(result[5]):
+            anchor_trend(anchor, trend, ks[n], corr, corr_scales[n], pred)
+            compare_vectors(stash, pred, scores)
+            made += 1
+        if np.isfinite(loss) and Y.shape[0] > 0:
+            result[6] = count_correct(hs[len(hs) - 1], labels)
+    t2 = monotonic_ns()
+    if last == CORRECT_LAST:
+        result[7], result[8] = t1 - t0, t2 - t1
+    else:
+        result[7] = t2 - t0
+    return made

@@ -265,7 +265,7 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
                 status, message = "stopped", f"stopped by request at step {step}"
                 break
             # runs of full batches in one call, up to the next metrics row (module doc)
-            to_row, before_row = _run_limits(step, every, (data.n_train - pos) // bs)
+            to_row = _run_limit(step, every, (data.n_train - pos) // bs)
             run = 0
             if block is not None and to_row:
                 run = to_row if phase is None else phase.backward_run_length(to_row)
@@ -278,11 +278,12 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
                         phase.backward_run(data.X_train, idx, run, **block)
                 losses, lr, n_rows = fused.losses.tolist(), opt.schedule(t_before + len(fused.losses) - 1), bs
                 correct, counted = int(fused.correct.sum()), len(losses) * bs
-            elif phase is not None and (run := phase.predicted_run_length(before_row)):
-                lr = opt.lr
+            elif phase is not None and (run := phase.block_run_length(to_row)):
+                lr, last = opt.lr, step + run - 1   # PREDICT steps measure a loss only for a metrics row
                 with STEP_SLOTS:
-                    phase.predicted_run(run)
-                losses, n_rows, correct, counted = [None] * run, bs, 0, 0    # no forward pass: no loss
+                    loss, correct = phase.block_run(data.X_train, order[pos: pos + run * bs], run,
+                                                    measure_last=(last + 1) % every == 0 or last == 0, **block)
+                losses, n_rows, counted = [None] * (run - 1) + [loss], bs, 0 if loss is None else bs
             else:
                 idx = order[pos: pos + bs]
                 xb = data.X_train.take(idx, axis=0, out=xbuf[: len(idx)])   # the method: np.take's
@@ -311,9 +312,10 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
                     message = (f"loss became {loss} at step {step} (epoch {epoch + 1}); "
                                "try a lower learning rate or gradient clipping")
                     break
-                for value in losses:
+                measured = [value for value in losses if value is not None]
+                for value in measured:
                     epoch_loss += value * n_rows
-                epoch_rows += len(losses) * n_rows
+                epoch_rows += len(measured) * n_rows
                 acc_correct += correct
                 acc_rows += counted
             elapsed = time.perf_counter() - t0
@@ -357,9 +359,8 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
                      config=cfg.to_dict())
 
 
-def _run_limits(step: int, every: int, full_batches: int) -> tuple[int, int]:
+def _run_limit(step: int, every: int, full_batches: int) -> int:
     """How many steps a run from ``step`` may make: up to and including the next metrics-row step,
-    and up to but not including it (a PREDICT step there measures its loss: a forward pass);
-    both at most the full batches left in the epoch."""
+    and at most the full batches left in the epoch."""
     next_row = 1 if step == 0 else (step // every + 1) * every
-    return min(next_row - step, full_batches), min(next_row - step - 1, full_batches)
+    return min(next_row - step, full_batches)

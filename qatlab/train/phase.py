@@ -56,7 +56,11 @@ Runs of steps in one call: :meth:`PhaseTrainer.backward_run` makes up to
 :meth:`PhaseTrainer.backward_run_length` WARMUP/FULL steps through one caller-supplied call (e.g.
 :meth:`qatlab.fused.FusedStep.steps`), :meth:`PhaseTrainer.predicted_steps` up to
 :meth:`PhaseTrainer.predict_run_length` PREDICT steps in one Numba call that also updates a
-:class:`qatlab.optim.Optimizer`; each books its steps exactly as the per-step protocol above.
+:class:`qatlab.optim.Optimizer`, and :meth:`PhaseTrainer.predict_block_run` up to
+:meth:`PhaseTrainer.predict_block_length` steps of a predict block (its PREDICT steps and the
+CORRECT step after them) through one caller-supplied call (e.g.
+:meth:`qatlab.fused.FusedStep.predict_block`, which times the two kinds inside its kernel:
+:mod:`qatlab.kernels.clock`); each books its steps exactly as the per-step protocol above.
 
 Adaptive phases (``adaptive_phases``), applied when a cycle with a predict block ends, with
 L_F / L_P the mean measured loss over that cycle's FULL steps / predict block (steps ended with
@@ -90,7 +94,7 @@ import numpy as np
 
 from ..config import PhaseConfig
 from ..kernels.dense import sum_squares
-from ..kernels.fused import predicted_steps
+from ..kernels.fused import CORRECT_LAST, MEASURED_PREDICT, NO_LAST, predicted_steps
 from ..kernels.phase_kernels import copy_sum_squares
 from .predictors import CorrectionResult, ParamLayout, make_predictor
 from .ternary_accumulator import TernaryGradientAccumulator
@@ -146,6 +150,31 @@ class StepInfo(NamedTuple):
     cycle: int
     phase_changed: bool
     needs_backward: bool
+
+
+class PredictBlock(NamedTuple):
+    """What :meth:`PhaseTrainer.predict_block_run` hands its ``make_steps``: the predictor's arrays
+    (anchor, trend, correction: float32 (n,)), each step's k and correction scale (ks,
+    corr_scales: float64 (steps,), the CORRECT step's last), the gain and max_grad_norm of the
+    PREDICT steps, how the run ends (``last``: NO_LAST,
+    MEASURED_PREDICT or CORRECT_LAST of :mod:`qatlab.kernels.fused`), and the CORRECT step's
+    buffers: ``stash`` for its real gradient, ``clip`` (its max_grad_norm), ``pred`` for its
+    prediction, ``scores`` float64 (4,) for their comparison; ``result`` float64 (9,) receives the
+    kernel's results."""
+
+    anchor: np.ndarray
+    trend: np.ndarray
+    ks: np.ndarray
+    correction: np.ndarray
+    corr_scales: np.ndarray
+    gain: float
+    max_norm: float
+    last: int
+    stash: np.ndarray
+    clip: float
+    pred: np.ndarray
+    scores: np.ndarray
+    result: np.ndarray
 
 
 @dataclass
@@ -227,6 +256,7 @@ class PhaseTrainer:
         self._out_views = self._layout.views(self._out)
         self._predictor = make_predictor(config.predictor, n, self._config.prediction)
         self._checked_run_args = (None, None, None)   # predicted_steps' (opt, params, out) once checked
+        self._block_result = np.zeros(9)                # predict_block_run's kernel results
         self._accumulator = None
         self._compressor = None
         self.reset()
@@ -463,7 +493,7 @@ class PhaseTrainer:
                 np.multiply(self._real, np.float32(1.0 / k), out=self._real)
             if sumsq is None:
                 sumsq = sum_squares(self._real)
-            self._finish_real_gradient(sumsq)
+            self._finish_real_gradient(sumsq, self._info.total_step, self._info.phase is TrainingPhase.CORRECT)
 
     def real_gradient_buffer(self) -> np.ndarray:
         """The flat float32 (n,) array (``layout`` order) the step's real gradient is recorded
@@ -486,14 +516,16 @@ class PhaseTrainer:
             raise ValueError(f"sumsq: must be finite, got {sumsq}")
         self._micro = 1
         self._micro_batches += 1
-        self._finish_real_gradient(sumsq)
+        self._finish_real_gradient(sumsq, self._info.total_step, self._info.phase is TrainingPhase.CORRECT)
 
-    def _finish_real_gradient(self, sumsq: float) -> None:
-        step = self._info.total_step
-        correct = self._info.phase is TrainingPhase.CORRECT
+    def _finish_real_gradient(self, sumsq: float, step: int, correct: bool, compared: bool = False) -> None:
+        """Step ``step``'s real gradient is in the staging buffer: on a CORRECT step measure and fold the
+        prediction error (``compared``: a kernel already wrote the prediction and its comparison), then
+        make it the anchor and decide its clipping."""
         if correct:
-            self._predictor.predict(step, self._pred)
-            self._note_correction(self._predictor.fold(self._real, self._pred, step))
+            if not compared:
+                self._predictor.predict(step, self._pred)
+            self._note_correction(self._predictor.fold(self._real, self._pred, step, compared))
         real = self._real     # becomes the anchor without a copy; the old anchor is the next staging buffer
         self._real = self._predictor.adopt(real, step, block=not correct)
         self._set_clip(real, sumsq)
@@ -684,10 +716,7 @@ class PhaseTrainer:
         loss = None if measure is None else float(measure())
         if loss is not None and not math.isfinite(loss):
             return loss
-        first = self._total
-        pred.prepare()
-        ks = np.array([pred.steps_since_anchor(first + j) for j in range(count)])
-        corr_scales = np.array([pred.correction_scale(first + j) for j in range(count)])
+        ks, corr_scales = self._prediction_scalars(count)
         scs = np.zeros((count, 8))
         # gain 0: no update (see get_predicted_gradients), so no learning rates
         lrs = opt.fused_run_scalars(scs, lr_scale=pred.gain) if pred.gain != 0.0 else []
@@ -707,6 +736,90 @@ class PhaseTrainer:
         if count:
             self._book_run(TrainingPhase.PREDICT, count)
         return loss
+
+    def _prediction_scalars(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Bring the predictor up to date; the k and correction scale of the predictions for the
+        next ``count`` steps (float64 (count,) each)."""
+        pred, first = self._predictor, self._total
+        pred.prepare()
+        ks = np.array([pred.steps_since_anchor(first + j) for j in range(count)])
+        corr_scales = np.array([pred.correction_scale(first + j) for j in range(count)])
+        return ks, corr_scales
+
+    def predict_block_length(self) -> int:
+        """How many of the next steps :meth:`predict_block_run` can make in one call: the PREDICT steps
+        in a row ahead and the CORRECT step after them, if the predict block has one (0 if the next
+        step is not in a predict block, or a step is in progress)."""
+        if self._in_step or self._segment is not TrainingPhase.PREDICT:
+            return 0
+        j, every = self._pos + 1, self._correct_every
+        return min(-(-j // every) * every, self._predict_len) - j + 1
+
+    def predict_block_run(self, count: int, make_steps, measure_last: bool = False) -> float | None:
+        """Make the next ``count`` (<= :meth:`predict_block_length`) steps of the predict block through
+        one call of ``make_steps(run: PredictBlock) -> steps made``, and book them as the per-step
+        protocol would each. When the ``count``-th step is CORRECT it is the run's last (``run.last``
+        CORRECT_LAST), else with ``measure_last`` the last PREDICT step measures its loss
+        (MEASURED_PREDICT, e.g. for a metrics row), else none does (NO_LAST); e.g.
+        ``make_steps = lambda run: fused.predict_block(X, idx_of_last_batch, run, labels=y)``
+        (:meth:`qatlab.fused.FusedStep.predict_block`; its kernel's doc says what each step does).
+
+        ``make_steps`` makes the PREDICT steps as :meth:`predicted_steps` does (the predictions
+        written into a flat float32 (n,) array of its own), then the last step: a CORRECT step writes its real gradient into
+        ``run.stash`` (this trainer's staging buffer) and updates with it clipped to ``run.clip``, its
+        prediction into ``run.pred`` and their comparison into ``run.scores``; it fills ``run.result``.
+        The CORRECT step is then booked as record_written + end_step(loss): error folded,
+        gradient made the anchor. Time: the kernel's own clock splits the call's seconds; the Python
+        before the kernel counts as predicted-step seconds, the folding after it as the CORRECT
+        step's.
+
+        Returns the last step's loss (None when it measured none). If it is not finite, that step
+        made nothing and is not booked (the steps before it are): the run diverged. A CORRECT step
+        with a finite loss and a non-finite gradient raises ValueError naming the parameter, as
+        :meth:`record_written`.
+        """
+        limit = self.predict_block_length()
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= limit:
+            raise ValueError(f"count: expected 1 <= count <= predict_block_length() = {limit}, got {count!r}")
+        pred = self._predictor
+        if pred.anchor_step < 0:
+            raise RuntimeError("predict: no real gradient recorded yet")
+        t0 = _clock()
+        correct = (self._pos + count) % self._correct_every == 0
+        last = CORRECT_LAST if correct else MEASURED_PREDICT if measure_last else NO_LAST
+        ks, corr_scales = self._prediction_scalars(count)
+        result = self._block_result
+        made = make_steps(PredictBlock(pred.anchor, pred.trend, ks, pred.correction, corr_scales, float(pred.gain),
+                                       self._max_grad_norm, last, self._real, self._max_grad_norm, self._pred,
+                                       pred.scores, result))
+        t_kernel = _clock()
+        clipped, norm, _, loss, _, sumsq, _, ns_predict, ns_correct = result.tolist()
+        n_predict = count - correct
+        booked = min(made, n_predict)
+        if booked:
+            self._clipped += int(clipped)
+            self._last_norm = norm
+            if last == MEASURED_PREDICT and made == count:
+                if booked > 1:
+                    self._book_run(TrainingPhase.PREDICT, booked - 1)
+                self._book_run(TrainingPhase.PREDICT, 1, [loss])
+            else:
+                self._book_run(TrainingPhase.PREDICT, booked)
+        correct_seconds = 0.0
+        if correct and made == count:
+            self._micro_batches += 1
+            self._finish_real_gradient(sumsq, self._total, True, compared=True)
+            self._book_run(TrainingPhase.CORRECT, 1, [loss])
+            correct_seconds = ns_correct * 1e-9 + (_clock() - t_kernel)
+            self._seconds[0] += correct_seconds
+            self._timed[0] += 1
+        elif correct and math.isfinite(loss):                      # the gradient is not finite
+            self._layout.check_flat(self._real)                     # raises, naming the parameter
+            raise ValueError(f"sumsq: must be finite, got {sumsq}")
+        if booked:
+            self._seconds[1] += (t_kernel - t0) - ns_correct * 1e-9 if correct else _clock() - t0
+            self._timed[1] += booked
+        return None if last == NO_LAST else loss
 
     def apply_correction(self, grads: dict) -> CorrectionResult:
         """Manual correction: fold real ``grads`` measured at the current step into the

@@ -218,7 +218,7 @@ class GradientPredictor:
         self.block_sum = np.zeros(self.size, dtype=F32)
         self.trend = np.zeros(self.size, dtype=F32)
         self.correction = np.zeros(self.size, dtype=F32)
-        self._scores = np.zeros(4, dtype=np.float64)
+        self.scores = np.zeros(4, dtype=np.float64)   # compare_vectors' a.p, a.a, p.p, e.e of the last fold
         self.reset()
 
     def reset(self) -> None:
@@ -348,14 +348,17 @@ class GradientPredictor:
         """k of the prediction at ``step``: step - t1, or 0.0 while there is no trend (after :meth:`prepare`)."""
         return float(step - self.anchor_step) if self.has_trend else 0.0
 
-    def fold(self, actual: np.ndarray, predicted: np.ndarray, step: int) -> CorrectionResult:
+    def fold(self, actual: np.ndarray, predicted: np.ndarray, step: int, compared: bool = False) -> CorrectionResult:
         """Measure actual - predicted at ``step``, fold it into the correction and (with
         ``learned_gain``) update :attr:`gain` (module doc).
 
         actual, predicted float32 (size,); ``predicted`` must be :meth:`predict` (step).
+        ``compared``: :attr:`scores` already holds ``compare_vectors(actual, predicted)`` (a kernel
+        that made the step measured them).
         """
-        compare_vectors(actual, predicted, self._scores)
-        dot, aa, pp, ee = (float(v) for v in self._scores)
+        if not compared:
+            compare_vectors(actual, predicted, self.scores)
+        dot, aa, pp, ee = (float(v) for v in self.scores)
         if aa > 0:
             rel = math.sqrt(ee / aa)
         else:
