@@ -41,15 +41,16 @@ the loop time outside those (batch gather, metrics rows), and the wall-clock spe
 phase run with the same step counts could reach given component costs measured in isolation
 (forward+loss, backward, optimizer, predictor, metrics row; see the components table).
 
-Goals (issue 4), per phase configuration on digits, over the optimizer seeds 0 and :data:`SEEDS`:
-measured wall-clock speedup >= 1.5x as the median of the per-seed speedups AND test accuracy
-within 1 percentage point of full backprop as the mean of the per-seed differences. Seed 0 is the
-tables above; every other seed is trained :data:`SEED_REPEATS` more times (interleaved) with full
-backprop and each phase and diagnostic configuration (two more tables: accuracy and wall clock
-per seed, with the backward passes; diagnostics reported, not judged). Why the median over seeds:
-the adaptive phase lengths differ from seed to seed (measured: 254 to 425 backward passes of 920
-with the defaults), and so does the speedup. The defaults are the issue's goal; the other
-configurations are judged by the same rule. Nothing is tuned to meet them. ``--quick``: digits
+Goals (issue 4), per phase configuration on digits, over the optimizer seeds 0 and :data:`SEEDS`
+(0-19): measured wall-clock speedup >= 1.5x as the median of the per-seed speedups AND test
+accuracy within 1 percentage point of full backprop as the mean of the per-seed differences. Seed
+0 is the tables above; every other seed is trained :data:`SEED_REPEATS` more times (interleaved)
+with full backprop and each phase and diagnostic configuration (two more tables summarise the
+accuracy and the wall clock over the seeds; the per-seed numbers, backward passes included, are in
+the JSON; diagnostics reported, not judged). Why the median over seeds: the adaptive phase lengths
+differ from seed to seed (measured: 209 to 425 backward passes of 920 with the defaults), and so
+does the speedup. Why twenty seeds: see :data:`SEEDS`. The defaults are the issue's goal; the
+other configurations are judged by the same rule. Nothing is tuned to meet them. ``--quick``: digits
 only, 8 epochs, labelled quick in every goal line.
 """
 from __future__ import annotations
@@ -85,10 +86,14 @@ RUN_REPEATS = 3           # default of run_phase_bench; the suite uses opts.repe
 GOAL_WALL_X = 1.5         # measured wall-clock speedup over full backprop
 GOAL_ACC_PP = 1.0         # |test accuracy - full backprop| in percentage points
 #: Optimizer seeds (weight init and batch order) besides the config's own 0 that every goal
-#: workload's phase rows and full backprop are also trained with, once each: the accuracy goal
-#: uses the mean difference over all of them (one seed alone decided it before; it was the
-#: luckiest of five for the defaults).
-SEEDS = (1, 2, 3, 4)
+#: workload's phase rows and full backprop are also trained with: the goals use the median
+#: wall-clock speedup and the mean accuracy difference over seeds 0-19. Why twenty: a test
+#: accuracy on digits' 360 test images moves in steps of 0.28 pp and differs by about 1 pp from
+#: seed to seed, so the mean of five seeds is +-0.5 pp noise on a 1 pp goal. Measured over 80
+#: seeds (one run each): adaptive_phases=False costs -1.1 pp (standard error 0.2) but -0.3 pp on
+#: seeds 0-4, which passed it; the defaults make 219-425 backward passes (median 322), seeds 0-4 a
+#: median of 372.
+SEEDS = tuple(range(1, 20))
 SEED_REPEATS = 3          # interleaved runs per extra seed and configuration (train seconds: their median)
 QUICK_SEEDS = (1,)
 
@@ -443,13 +448,17 @@ def _seed_rows(wl: Workload, vs: Sequence[Variant], seeds: Sequence[int], rows: 
         backward = [row["backward_passes"]] + [mine[sd][0]["backward_passes"] for sd in seeds]
         row["acc_delta_seeds_pp"] = statistics.fmean(deltas)
         row["acc_delta_worst_pp"] = min(deltas)
+        row["acc_delta_per_seed"] = deltas
         row["wall_speedup_seeds"] = statistics.median(walls)
         row["wall_speedup_per_seed"] = walls
-        seed_keys = [f"seed_{sd}" for sd in (0, *seeds)]
-        acc_rows.append({"label": v.label, **dict(zip(seed_keys, deltas)), "mean": row["acc_delta_seeds_pp"],
-                         "worst": row["acc_delta_worst_pp"]})
-        wall_rows.append({"label": v.label, **{k: f"{w:.2f}x ({b})" for k, w, b in zip(seed_keys, walls, backward)},
-                          "median": row["wall_speedup_seeds"]})
+        row["backward_passes_per_seed"] = backward
+        se = statistics.stdev(deltas) / math.sqrt(len(deltas)) if len(deltas) > 1 else math.nan
+        acc_rows.append({"label": v.label, "mean": row["acc_delta_seeds_pp"], "se": se,
+                         "median": statistics.median(deltas), "worst": min(deltas), "best": max(deltas),
+                         "within": f"{sum(abs(d) <= GOAL_ACC_PP for d in deltas)}/{len(deltas)}"})
+        wall_rows.append({"label": v.label, "median": row["wall_speedup_seeds"], "min": min(walls),
+                          "max": max(walls), "passing": f"{sum(w >= GOAL_WALL_X for w in walls)}/{len(walls)}",
+                          "backward": f"{statistics.median(backward):.0f} ({min(backward)}..{max(backward)})"})
     return acc_rows, wall_rows
 
 
@@ -509,17 +518,19 @@ def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeat
                             f"runs{tag})", RESULT_COLUMNS, rows))
         tables.append(Table(f"{wl.label}: where the time goes (the median repeat{tag})", TIME_COLUMNS, rows))
         if seed_rows:
-            tables.append(Table(f"{wl.label}: test accuracy minus full backprop's, pp, per optimizer seed "
-                                f"(one run each; seed 0 = the table above){tag}",
-                                [Column("label", "configuration"),
-                                 *[Column(f"seed_{sd}", f"seed {sd}", "{:+.2f}") for sd in (0, *seeds)],
-                                 Column("mean", "mean", "{:+.2f}"), Column("worst", "worst", "{:+.2f}")],
-                                seed_rows))
-            tables.append(Table(f"{wl.label}: wall-clock speedup (backward passes) per optimizer seed (medians "
-                                f"of {SEED_REPEATS} interleaved runs each; seed 0 = the table above){tag}",
-                                [Column("label", "configuration"),
-                                 *[Column(f"seed_{sd}", f"seed {sd}") for sd in (0, *seeds)],
-                                 Column("median", "median", "{:.2f}x")], wall_rows))
+            over = f"over optimizer seeds 0-{max(seeds)}" if len(seeds) > 1 else f"over optimizer seeds 0, {seeds[0]}"
+            tables.append(Table(f"{wl.label}: test accuracy minus full backprop's, pp, {over} (one run each; "
+                                f"seed 0 = the table above; per seed in the JSON){tag}",
+                                [Column("label", "configuration"), Column("mean", "mean", "{:+.2f}"),
+                                 Column("se", "± s.e.", "{:.2f}"), Column("median", "median", "{:+.2f}"),
+                                 Column("worst", "worst", "{:+.2f}"), Column("best", "best", "{:+.2f}"),
+                                 Column("within", "seeds within 1 pp")], seed_rows))
+            tables.append(Table(f"{wl.label}: wall-clock speedup {over} (medians of {SEED_REPEATS} interleaved "
+                                f"runs each; seed 0 = the table above; per seed in the JSON){tag}",
+                                [Column("label", "configuration"), Column("median", "median", "{:.2f}x"),
+                                 Column("min", "min", "{:.2f}x"), Column("max", "max", "{:.2f}x"),
+                                 Column("passing", "seeds >= 1.5x"),
+                                 Column("backward", "backward passes: median (min..max)")], wall_rows))
         pred = gradient_predictability(wl.config) if wl.goal else None
         if pred is not None:
             tables.append(Table(f"{wl.label}: how far real gradients carry over (full backprop, seed 0, "

@@ -96,8 +96,8 @@ def test_suite_tiny_structure_and_json(tiny_suite, tmp_path):
     titles = [t["title"] for t in payload["tables"]]
     assert len(titles) == 6
     assert "phase training vs full backprop" in titles[0] and "where the time goes" in titles[1]
-    assert "accuracy" in titles[2] and "per optimizer seed" in titles[2]
-    assert "wall-clock speedup (backward passes) per optimizer seed" in titles[3]
+    assert "accuracy" in titles[2] and "over optimizer seeds 0, 1" in titles[2]
+    assert "wall-clock speedup over optimizer seeds 0, 1" in titles[3]
     assert "how far real gradients carry over" in titles[4]
     assert titles[5].startswith("component costs")
     pred = payload["tables"][4]["rows"][0]
@@ -132,15 +132,21 @@ def test_suite_tiny_structure_and_json(tiny_suite, tmp_path):
     seed_rows = payload["tables"][2]["rows"]                     # quick: seeds 0 and 1
     assert [r["label"] for r in seed_rows] == [r["label"] for r in rows[1:5]]
     for sr, r in zip(seed_rows, rows[1:5]):
-        assert sr["seed_0"] == pytest.approx(r["acc_delta_pp"])
-        assert sr["mean"] == pytest.approx((sr["seed_0"] + sr["seed_1"]) / 2) == pytest.approx(r["acc_delta_seeds_pp"])
-        assert sr["worst"] == min(sr["seed_0"], sr["seed_1"])
+        d0, d1 = r["acc_delta_per_seed"]
+        assert d0 == pytest.approx(r["acc_delta_pp"])
+        assert sr["mean"] == pytest.approx((d0 + d1) / 2) == pytest.approx(r["acc_delta_seeds_pp"])
+        assert sr["se"] == pytest.approx(abs(d0 - d1) / 2)
+        assert (sr["worst"], sr["best"]) == (min(d0, d1), max(d0, d1))
+        assert sr["within"] == f"{(abs(d0) <= 1) + (abs(d1) <= 1)}/2"
     wall_rows = payload["tables"][3]["rows"]
     assert [r["label"] for r in wall_rows] == [r["label"] for r in rows[1:5]]
     for wr, r in zip(wall_rows, rows[1:5]):
-        assert wr["seed_0"] == f"{r['wall_speedup']:.2f}x ({r['backward_passes']})"
-        assert r["wall_speedup_seeds"] == pytest.approx(statistics.median(r["wall_speedup_per_seed"]))
-        assert wr["median"] == r["wall_speedup_seeds"] and len(r["wall_speedup_per_seed"]) == 2
+        walls, backward = r["wall_speedup_per_seed"], r["backward_passes_per_seed"]
+        assert walls[0] == r["wall_speedup"] and backward[0] == r["backward_passes"] and len(walls) == 2
+        assert r["wall_speedup_seeds"] == pytest.approx(statistics.median(walls)) == wr["median"]
+        assert (wr["min"], wr["max"]) == (min(walls), max(walls))
+        assert wr["passing"] == f"{sum(w >= 1.5 for w in walls)}/2"
+        assert wr["backward"] == f"{statistics.median(backward):.0f} ({min(backward)}..{max(backward)})"
     comp = payload["tables"][5]["rows"]
     assert len(comp) == 1 and comp[0]["workload"] == "synthetic"
     for k in ("forward_loss_ms", "backward_ms", "optimizer_ms", "predict_momentum_ms",
