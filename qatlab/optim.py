@@ -166,6 +166,7 @@ class Optimizer:
         self.last_lr = math.nan
         self._last_grads = self._last_split = None
         self._fused_scalars = np.zeros(8)
+        self._fused_pad = (0.0,) * (5 - len(self._scalars(1, 1.0)))   # zeros after _scalars in a row of 8
 
     @property
     def lr(self) -> float:
@@ -265,9 +266,11 @@ class Optimizer:
         if not (isinstance(out, np.ndarray) and out.dtype == np.float64 and out.ndim == 2 and out.shape[1] == 8):
             raise ValueError(f"out: expected a float64 array of shape (steps, 8), got {getattr(out, 'shape', out)!r}")
         lr_scale = _check_number("lr_scale", lr_scale, 0.0, math.inf, hi_open=True)
-        lrs = [self.schedule(self.t + j) * lr_scale for j in range(len(out))]
-        for j, lr in enumerate(lrs):
-            self.fused_scalars(lr, ahead=j, out=out[j])
+        t, schedule, clip, pad = self.t, self.schedule, self.max_grad_norm, self._fused_pad
+        lrs = [schedule(t + j) * lr_scale for j in range(len(out))]
+        # fused_scalars(lr_j, ahead=j) of each step, written with one assignment (~4x faster than one call a step)
+        if lrs:
+            out[:] = [(clip, *self._decay_l2(lr)[::-1], *self._scalars(t + 1 + j, lr), *pad) for j, lr in enumerate(lrs)]
         return lrs
 
     def fused_done(self, lr: float, grad_norm: float) -> None:
