@@ -241,12 +241,13 @@ def test_predicted_steps_at_gain_zero_make_no_update(in_runs):
     np.testing.assert_array_equal(stepper.grads.flat(), expect)
 
 
-@pytest.mark.parametrize("max_norm", [0.0, 1e9, 0.5])
-def test_predicted_steps_kernel_matches_prediction_then_update(max_norm):
-    """The kernel gives the numbers of anchor_trend into out followed by the Adam kernel, step by
-    step, with the clipping off, not binding and binding."""
-    from qatlab.kernels.fused import predicted_steps
-    from qatlab.kernels.optim_kernels import _adam_kernel
+@pytest.mark.parametrize("opt", [0, 1, 2])
+@pytest.mark.parametrize("max_norm, own_clip", [(0.0, 0.0), (1e9, 0.0), (0.5, 0.0), (0.0, 0.05)])
+def test_predicted_steps_kernel_matches_prediction_then_update(opt, max_norm, own_clip):
+    """The kernel gives the numbers of anchor_trend into out followed by the optimizer's kernel
+    (SGD, momentum, Adam), step by step: in one pass while the clipping cannot bind (off, or far
+    away), in three when it may (0.5 binds) or the optimizer clips on its own (own_clip)."""
+    from qatlab.kernels.fused import _update, predicted_steps
     from qatlab.kernels.phase_kernels import anchor_trend
 
     rng = np.random.default_rng(3)
@@ -256,20 +257,22 @@ def test_predicted_steps_kernel_matches_prediction_then_update(max_norm):
     scs = np.zeros((steps, 8))
     for j in range(steps):
         t = j + 1
-        scs[j] = [0.0, 0.0, 1.0, 0.9, 0.999, 0.01 / (1 - 0.9 ** t), (1 - 0.999 ** t) ** 0.5, 1e-8]
+        adam = [0.9, 0.999, 0.01 / (1 - 0.9 ** t), (1 - 0.999 ** t) ** 0.5, 1e-8]
+        scs[j] = [own_clip, 0.0, 1.0, *([0.01, 0, 0, 0, 0], [0.01, 0.9, 0, 0, 0], adam)[opt]]
     p, m, v = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
     v = np.abs(v)
     p2, m2, v2 = p.copy(), m.copy(), v.copy()
     out, out2 = np.zeros(n, np.float32), np.zeros(n, np.float32)
-    clipped, norm, _ = predicted_steps(anchor, trend, ks, corr, cs, gain, max_norm, out, 2, m, v, p, scs)
+    clipped, norm, opt_norm = predicted_steps(anchor, trend, ks, corr, cs, gain, max_norm, out, opt, m, v, p, scs)
     ref_clipped = 0
     for j in range(steps):
         ref_norm = math.sqrt(anchor_trend(anchor, trend, ks[j], corr, cs[j], out2) * gain * gain)
         scale = 1.0
         if max_norm > 0 and ref_norm > max_norm:
             scale, ref_clipped = max_norm / (ref_norm + 1e-6), ref_clipped + 1
-        _adam_kernel(p2, out2, m2, v2, scale * gain, *scs[j][1:])
+        ref_opt_norm = _update(opt, m2, v2, p2, out2, scs[j], scale * gain)
     assert (clipped, norm) == (ref_clipped, ref_norm) and (ref_clipped > 0) == (max_norm == 0.5)
+    assert opt_norm == ref_opt_norm if own_clip else math.isnan(opt_norm) and math.isnan(ref_opt_norm)
     for a, b in ((p, p2), (m, m2), (v, v2), (out, out2)):
         np.testing.assert_array_equal(a, b)
 

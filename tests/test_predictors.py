@@ -59,7 +59,7 @@ def test_anchor_trend_kernel(rng, k, s):
     anchor, trend, corr = vec(rng), vec(rng), vec(rng)
     out = np.zeros(64, F32)
     ss = anchor_trend(anchor, trend, k, corr, s, out)
-    ref = (anchor.astype(np.float64) + k * trend.astype(np.float64) + s * corr.astype(np.float64)).astype(F32)
+    ref = anchor + F32(k) * trend + F32(s) * corr                # float32, left to right
     np.testing.assert_array_equal(out, ref)
     assert ss == pytest.approx(np.sum(ref.astype(np.float64) ** 2), rel=1e-12)
 

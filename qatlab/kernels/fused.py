@@ -21,9 +21,10 @@ from numba import njit
 from .dense import (IDENTITY, act_backward_inplace, bias_act_inplace, count_correct, mse, softmax_cross_entropy,
                     sum_squares)
 from .fakequant import ternary_backward, ternary_forward
-from .optim_kernels import _adam_kernel, _momentum_kernel, _sgd_kernel
+from .optim_kernels import (_adam_kernel, _momentum_kernel, _sgd_kernel, adam_constants, adam_element,
+                            momentum_constants, momentum_element, sgd_constants, sgd_element)
 from .clock import monotonic_ns
-from .phase_kernels import anchor_trend, compare_vectors, copy_sum_squares
+from .phase_kernels import anchor_trend, compare_vectors, copy_sum_squares, norms3, prediction
 
 FORWARD, BACKWARD, UPDATE = 0, 1, 2   # how far a step goes: loss only, + gradients, + optimizer update
 
@@ -181,11 +182,42 @@ def train_steps(X, Y, T, idx, mse_loss, xb, labels, targets, act, ternary, stes,
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _predicted_update(opt, state0, state1, p, sc, gscale, anchor, trend, k, corr, corr_scale, out):
+    """:func:`_update` from gscale * g with g = anchor_trend(anchor, trend, k, corr, corr_scale)
+    made element by element in the same loop (also written to out), without the optimizer's own
+    clipping (sc[0] must be 0): one pass over the arrays instead of three (prediction, its sum of
+    squares, update), with the numbers of anchor_trend followed by :func:`_update`."""
+    kf, sf = np.float32(k), np.float32(corr_scale)
+    if opt == 0:
+        gs, l2f, dec, lrf = sgd_constants(gscale, sc[1], sc[2], sc[3])
+        for i in range(p.shape[0]):
+            g = out[i] = prediction(anchor[i], trend[i], kf, corr[i], sf)
+            p[i] = sgd_element(p[i], g, gs, l2f, dec, lrf)
+    elif opt == 1:
+        gs, l2f, dec, lrf, muf = momentum_constants(gscale, sc[1], sc[2], sc[3], sc[4])
+        for i in range(p.shape[0]):
+            g = out[i] = prediction(anchor[i], trend[i], kf, corr[i], sf)
+            p[i], state0[i] = momentum_element(p[i], g, state0[i], gs, l2f, dec, lrf, muf)
+    else:
+        gs, l2f, dec, c1, b2f, c2, st, inv_bc, ep = adam_constants(gscale, sc[1], sc[2], sc[3], sc[4], sc[5],
+                                                                   sc[6], sc[7])
+        for i in range(p.shape[0]):
+            g = out[i] = prediction(anchor[i], trend[i], kf, corr[i], sf)
+            p[i], state0[i], state1[i] = adam_element(p[i], g, state0[i], state1[i], gs, l2f, dec, c1, b2f, c2, st,
+                                                      inv_bc, ep)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def predicted_steps(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, opt, state0, state1, p, scs):
     """``len(ks)`` predicted steps of phase training, each ``out = anchor_trend(anchor, trend, ks[j],
     corr, corr_scales[j])`` (the prediction) and an optimizer update from ``gain * out`` clipped
     to global norm ``max_norm`` (0: off) as PhaseTrainer clips, by the optimizer of
     :func:`train_step` (``opt``, its states and ``scs[j]`` as there); no update when gain is 0.
+
+    A step that cannot be clipped -- max_norm 0, or gain * (|anchor| + |k| |trend| + |s| |corr|)
+    (triangle inequality, with a 1e-6 margin for rounding) <= max_norm -- and whose optimizer does
+    no clipping of its own is made in one pass (:func:`_predicted_update`), the others as
+    anchor_trend, its norm, then :func:`_update`: the same numbers either way.
 
     anchor, trend, corr, out, p float32 (n,); ks, corr_scales float64 (steps,); scs float64
     (steps, 8). Returns (steps whose gradient was clipped, the last step's norm of gain * out,
@@ -197,14 +229,26 @@ def predicted_steps(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, o
     if gain == 0.0:     # no updates: only the last prediction is left in out
         sumsq = anchor_trend(anchor, trend, ks[last], corr, corr_scales[last], out)
         return clipped, math.sqrt(sumsq * gain * gain), opt_norm
+    bound_a = bound_t = bound_c = 0.0
+    if max_norm > 0:
+        bound_a, bound_t, bound_c = norms3(anchor, trend, corr)
+    one_pass = False
     for j in range(ks.shape[0]):
-        sumsq = anchor_trend(anchor, trend, ks[j], corr, corr_scales[j], out)
+        k, s = ks[j], corr_scales[j]
+        bound = gain * (bound_a + abs(k) * bound_t + abs(s) * bound_c) * (1.0 + 1e-6)
+        one_pass = scs[j, 0] == 0.0 and (max_norm == 0.0 or bound <= max_norm)
+        if one_pass:
+            _predicted_update(opt, state0, state1, p, scs[j], gain, anchor, trend, k, corr, s, out)
+            continue
+        sumsq = anchor_trend(anchor, trend, k, corr, s, out)
         norm = math.sqrt(sumsq * gain * gain)
         scale = 1.0
         if max_norm > 0 and norm > max_norm:
             scale = max_norm / (norm + 1e-6)
             clipped += 1
         opt_norm = _update(opt, state0, state1, p, out, scs[j], scale * gain)
+    if one_pass:                                 # the last step's norm, measured once
+        norm, opt_norm = math.sqrt(sum_squares(out) * gain * gain), math.nan
     return clipped, norm, opt_norm
 
 

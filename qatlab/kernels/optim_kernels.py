@@ -9,27 +9,72 @@ FLT_MIN = np.float32(np.finfo(np.float32).tiny)   # smallest normal float32: sta
 
 
 # -- kernels: p, g, state float32 (n,); scalars arrive as Python floats (fast to dispatch) and
-# are rounded to float32 once, so the loop runs in float32 like torch's CPU kernels.
+# are rounded to float32 once, so the loop runs in float32 like torch's CPU kernels. Each update
+# is an element function (inlined) over those float32 constants, so a kernel that makes the
+# gradient element by element (qatlab.kernels.fused.predicted_steps) updates with the same numbers.
+@njit(inline="always")
+def sgd_constants(gscale, l2, decay, lr):
+    """The float32 constants of :func:`sgd_element`."""
+    return np.float32(gscale), np.float32(l2), np.float32(decay), np.float32(lr)
+
+
+@njit(inline="always")
+def sgd_element(p, g, gs, l2f, dec, lrf):
+    """One element of :func:`_sgd_kernel`: the new p."""
+    gi = g * gs + l2f * p
+    return p * dec - lrf * gi
+
+
+@njit(inline="always")
+def momentum_constants(gscale, l2, decay, lr, mu):
+    """The float32 constants of :func:`momentum_element`."""
+    return np.float32(gscale), np.float32(l2), np.float32(decay), np.float32(lr), np.float32(mu)
+
+
+@njit(inline="always")
+def momentum_element(p, g, b, gs, l2f, dec, lrf, muf):
+    """One element of :func:`_momentum_kernel`: the new (p, buf)."""
+    gi = g * gs + l2f * p
+    b = muf * b + gi
+    if abs(b) < FLT_MIN:
+        b = np.float32(0.0)
+    return p * dec - lrf * b, b
+
+
+@njit(inline="always")
+def adam_constants(gscale, l2, decay, b1, b2, step_size, bc2_sqrt, eps):
+    """The float32 constants of :func:`adam_element`."""
+    return (np.float32(gscale), np.float32(l2), np.float32(decay), np.float32(1.0 - b1), np.float32(b2),
+            np.float32(1.0 - b2), np.float32(step_size), np.float32(1.0 / bc2_sqrt), np.float32(eps))
+
+
+@njit(inline="always")
+def adam_element(p, g, m, v, gs, l2f, dec, c1, b2f, c2, st, inv_bc, ep):
+    """One element of :func:`_adam_kernel`: the new (p, m, v)."""
+    gi = g * gs + l2f * p
+    mi = m + c1 * (gi - m)
+    vi = b2f * v + c2 * gi * gi
+    if abs(mi) < FLT_MIN:
+        mi = np.float32(0.0)
+    if vi < FLT_MIN:
+        vi = np.float32(0.0)
+    return p * dec - st * mi / (np.sqrt(vi) * inv_bc + ep), mi, vi
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _sgd_kernel(p, g, gscale, l2, decay, lr):
     """p = p * decay - lr * (g * gscale + l2 * p)."""
-    gs, l2f, dec, lrf = np.float32(gscale), np.float32(l2), np.float32(decay), np.float32(lr)
+    gs, l2f, dec, lrf = sgd_constants(gscale, l2, decay, lr)
     for i in range(p.shape[0]):
-        gi = g[i] * gs + l2f * p[i]
-        p[i] = p[i] * dec - lrf * gi
+        p[i] = sgd_element(p[i], g[i], gs, l2f, dec, lrf)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _momentum_kernel(p, g, buf, gscale, l2, decay, lr, mu):
     """buf = mu * buf + (g * gscale + l2 * p) (flushed to 0 below FLT_MIN);  p = p * decay - lr * buf."""
-    gs, l2f, dec, lrf, muf = np.float32(gscale), np.float32(l2), np.float32(decay), np.float32(lr), np.float32(mu)
+    gs, l2f, dec, lrf, muf = momentum_constants(gscale, l2, decay, lr, mu)
     for i in range(p.shape[0]):
-        gi = g[i] * gs + l2f * p[i]
-        b = muf * buf[i] + gi
-        if abs(b) < FLT_MIN:
-            b = np.float32(0.0)
-        buf[i] = b
-        p[i] = p[i] * dec - lrf * b
+        p[i], buf[i] = momentum_element(p[i], g[i], buf[i], gs, l2f, dec, lrf, muf)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -38,17 +83,6 @@ def _adam_kernel(p, g, m, v, gscale, l2, decay, b1, b2, step_size, bc2_sqrt, eps
     (decoupled) or l2 = wd.
     sqrt(v) / sqrt(1 - b2^t) is computed as a multiply by the inverse (saves a division,
     within 1 ulp of torch's division)."""
-    gs, l2f, dec = np.float32(gscale), np.float32(l2), np.float32(decay)
-    c1, b2f, c2 = np.float32(1.0 - b1), np.float32(b2), np.float32(1.0 - b2)
-    st, inv_bc, ep = np.float32(step_size), np.float32(1.0 / bc2_sqrt), np.float32(eps)
+    gs, l2f, dec, c1, b2f, c2, st, inv_bc, ep = adam_constants(gscale, l2, decay, b1, b2, step_size, bc2_sqrt, eps)
     for i in range(p.shape[0]):
-        gi = g[i] * gs + l2f * p[i]
-        mi = m[i] + c1 * (gi - m[i])
-        vi = b2f * v[i] + c2 * gi * gi
-        if abs(mi) < FLT_MIN:
-            mi = np.float32(0.0)
-        if vi < FLT_MIN:
-            vi = np.float32(0.0)
-        m[i] = mi
-        v[i] = vi
-        p[i] = p[i] * dec - st * mi / (np.sqrt(vi) * inv_bc + ep)
+        p[i], m[i], v[i] = adam_element(p[i], g[i], m[i], v[i], gs, l2f, dec, c1, b2f, c2, st, inv_bc, ep)

@@ -138,29 +138,51 @@ def weighted_rows(rows, coeffs, out):
             dst[j] = np.float32(acc[j])
 
 
+@njit(inline="always")
+def prediction(a, t, kf, c, sf):
+    """One element of :func:`anchor_trend`: a + kf t + sf c in float32, added left to right."""
+    return a + kf * t + sf * c
+
+
 @njit(**_OPTS)
 def anchor_trend(anchor, trend, k, corr, corr_scale, out):
-    """out[j] = float32(anchor[j] + k * trend[j] + corr_scale * corr[j]) (float64 inside);
-    returns sum(out^2) in float64 (:func:`qatlab.kernels.dense.sum_squares` of out).
+    """out[j] = anchor[j] + k * trend[j] + corr_scale * corr[j] in float32 (k and corr_scale rounded
+    to float32 once, the sum added left to right, as numpy computes it on float32 arrays); returns
+    sum(out^2) in float64 (:func:`qatlab.kernels.dense.sum_squares` of out).
 
     anchor, trend, corr, out float32 (n,); k, corr_scale float64. The trend is not read when
-    k == 0 nor the correction when corr_scale == 0 (adding 0 changes nothing).
+    k == 0 nor the correction when corr_scale == 0 (adding 0 changes nothing). Float32 because a
+    predicted step makes this pass and an optimizer's in one loop
+    (:func:`qatlab.kernels.fused.predicted_steps`): with float64 inside it ran at half the width
+    and the pair cost as much as two passes.
     """
     n = out.shape[0]
+    kf, sf = np.float32(k), np.float32(corr_scale)
     if k != 0.0 and corr_scale != 0.0:
         for j in range(n):
-            out[j] = np.float32(np.float64(anchor[j]) + k * np.float64(trend[j])
-                                + corr_scale * np.float64(corr[j]))
+            out[j] = prediction(anchor[j], trend[j], kf, corr[j], sf)
     elif k != 0.0:
         for j in range(n):
-            out[j] = np.float32(np.float64(anchor[j]) + k * np.float64(trend[j]))
+            out[j] = anchor[j] + kf * trend[j]
     elif corr_scale != 0.0:
         for j in range(n):
-            out[j] = np.float32(np.float64(anchor[j]) + corr_scale * np.float64(corr[j]))
+            out[j] = anchor[j] + sf * corr[j]
     else:
         for j in range(n):      # a loop: Numba's slice copy ``out[:] = anchor`` is ~3x slower
             out[j] = anchor[j]
     return sum_squares(out)
+
+
+@njit(fastmath={"reassoc"}, **_OPTS)
+def norms3(a, b, c):
+    """(|a|, |b|, |c|) of three float32 (n,) vectors, float64 sums in one pass."""
+    sa = sb = sc = 0.0
+    for j in range(a.shape[0]):
+        x, y, z = np.float64(a[j]), np.float64(b[j]), np.float64(c[j])
+        sa += x * x
+        sb += y * y
+        sc += z * z
+    return np.sqrt(sa), np.sqrt(sb), np.sqrt(sc)
 
 
 @njit(**_OPTS)
