@@ -336,3 +336,15 @@ def test_fold_degenerate_vectors():
     assert res.relative_error == 0.0 and res.cosine == 1.0
     res = p.fold(z, np.ones(4, F32), 2)
     assert math.isinf(res.relative_error) and res.cosine == 0.0 and res.reset
+
+
+def test_run_scalars_are_the_per_step_ones(rng):
+    """steps_since_anchor_run / correction_scale_run give each step's k and decay^(t - t_c)."""
+    p = MomentumPredictor(64, cfg(history_decay=0.93))
+    assert not p.correction_scale_run(5, 3).any() and not p.steps_since_anchor_run(5, 3).any()   # none yet
+    push_blocks(p, [[(vec(rng), 1), (vec(rng), 2)], [(vec(rng), 4)]])
+    pred = p.predict(6, np.zeros(64, F32))
+    p.fold(pred + F32(0.01) * vec(rng), pred, 6)                 # close to the prediction: no reset
+    assert p.has_trend and p.correction_step == 6
+    assert p.steps_since_anchor_run(7, 4).tolist() == [p.steps_since_anchor(7 + j) for j in range(4)] == [3, 4, 5, 6]
+    assert p.correction_scale_run(7, 4).tolist() == [p.correction_scale(7 + j) for j in range(4)]

@@ -742,9 +742,7 @@ class PhaseTrainer:
         next ``count`` steps (float64 (count,) each)."""
         pred, first = self._predictor, self._total
         pred.prepare()
-        ks = np.array([pred.steps_since_anchor(first + j) for j in range(count)])
-        corr_scales = np.array([pred.correction_scale(first + j) for j in range(count)])
-        return ks, corr_scales
+        return pred.steps_since_anchor_run(first, count), pred.correction_scale_run(first, count)
 
     def predict_block_length(self) -> int:
         """How many of the next steps :meth:`predict_block_run` can make in one call: the PREDICT steps

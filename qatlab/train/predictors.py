@@ -323,6 +323,13 @@ class GradientPredictor:
             return 0.0
         return self._decay ** (step - self.correction_step)
 
+    def correction_scale_run(self, first: int, count: int) -> np.ndarray:
+        """float64 (count,): :meth:`correction_scale` of steps first, first + 1, ... (the same floats)."""
+        if self.correction_step < 0:
+            return np.zeros(count)
+        decay, age = self._decay, first - self.correction_step
+        return np.array([decay ** (age + j) for j in range(count)])
+
     def predict(self, step: int, out: np.ndarray) -> np.ndarray:
         """out (float32 (size,)) = g_hat(step), decayed correction included; returns out.
         Closes the open block first."""
@@ -347,6 +354,12 @@ class GradientPredictor:
     def steps_since_anchor(self, step: int) -> float:
         """k of the prediction at ``step``: step - t1, or 0.0 while there is no trend (after :meth:`prepare`)."""
         return float(step - self.anchor_step) if self.has_trend else 0.0
+
+    def steps_since_anchor_run(self, first: int, count: int) -> np.ndarray:
+        """float64 (count,): :meth:`steps_since_anchor` of steps first, first + 1, ..."""
+        if not self.has_trend:
+            return np.zeros(count)
+        return np.arange(first - self.anchor_step, first - self.anchor_step + count, dtype=np.float64)
 
     def fold(self, actual: np.ndarray, predicted: np.ndarray, step: int, compared: bool = False) -> CorrectionResult:
         """Measure actual - predicted at ``step``, fold it into the correction and (with
