@@ -8,6 +8,10 @@ between them: about twenty calls and their argument checks per step, a quarter o
 step at batch 64. :class:`qatlab.fused.FusedStep` decides when it applies and keeps the Python
 objects (scratch, gradients, quantizer alphas, optimizer counters) in step with it.
 
+Runs of steps in one call: :func:`train_steps` (UPDATE steps, gathering each batch), and phase
+training's :func:`predicted_steps` (predicted gradients and their updates) and
+:func:`predict_block` (those, then a CORRECT step or a measured forward pass).
+
 Layer arrays come as tuples with one entry per layer (a float layer passes its latent weights
 as its "quantized" weights too). ``np.dot`` inside ``njit`` binds SciPy's BLAS.
 """
@@ -270,8 +274,9 @@ def predict_block(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, las
       step (anchor_trend with ks[n], corr_scales[n]; anchor, trend and corr as they were) and
       ``scores`` = compare_vectors(stash, pred).
 
-    Arguments as in :func:`predicted_steps` and :func:`train_steps`; scs float64: the optimizer
-    scalars of each update (the PREDICT ones, none when gain is 0; then the CORRECT one).
+    Arguments as in :func:`predicted_steps` and :func:`train_steps`; scs float64 (updates + 1, 8):
+    the optimizer scalars of each update (the PREDICT ones, none when gain is 0; then the CORRECT
+    one, or any row).
     result float64 (9,) receives: PREDICT steps clipped, the last one's norm of gain * prediction and
     its optimizer norm (as predicted_steps returns them); the last step's loss (NaN if none);
     the CORRECT step's optimizer norm and stashed sum of squares; rows of the measured batch

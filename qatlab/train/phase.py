@@ -762,14 +762,14 @@ class PhaseTrainer:
         ``make_steps = lambda run: fused.predict_block(X, idx_of_last_batch, run, labels=y)``
         (:meth:`qatlab.fused.FusedStep.predict_block`; its kernel's doc says what each step does).
 
-        ``make_steps`` makes the PREDICT steps as :meth:`predicted_steps` does (the predictions
-        written into a flat float32 (n,) array of its own), then the last step: a CORRECT step writes its real gradient into
+        ``make_steps`` makes the PREDICT steps as :meth:`predicted_steps` does (into a flat float32
+        (n,) array of its own), then the last step. A CORRECT step writes its real gradient into
         ``run.stash`` (this trainer's staging buffer) and updates with it clipped to ``run.clip``, its
-        prediction into ``run.pred`` and their comparison into ``run.scores``; it fills ``run.result``.
-        The CORRECT step is then booked as record_written + end_step(loss): error folded,
-        gradient made the anchor. Time: the kernel's own clock splits the call's seconds; the Python
-        before the kernel counts as predicted-step seconds, the folding after it as the CORRECT
-        step's.
+        prediction into ``run.pred`` and their comparison into ``run.scores``; it is then booked as
+        record_written + end_step(loss) would book it (error folded, gradient made the anchor).
+        ``run.result`` receives the kernel's numbers. Time: the kernel's own clock splits the call;
+        the Python before the kernel counts as predicted-step seconds, the booking after it as the
+        CORRECT step's.
 
         Returns the last step's loss (None when it measured none). If it is not finite, that step
         made nothing and is not booked (the steps before it are): the run diverged. A CORRECT step
@@ -791,31 +791,27 @@ class PhaseTrainer:
                                        self._max_grad_norm, last, self._real, self._max_grad_norm, self._pred,
                                        pred.scores, result))
         t_kernel = _clock()
-        clipped, norm, _, loss, _, sumsq, _, ns_predict, ns_correct = result.tolist()
-        n_predict = count - correct
-        booked = min(made, n_predict)
+        clipped, norm, _, loss, _, sumsq, _, _, correct_ns = result.tolist()
+        booked = min(made, count - correct)         # PREDICT steps made
         if booked:
             self._clipped += int(clipped)
             self._last_norm = norm
-            if last == MEASURED_PREDICT and made == count:
-                if booked > 1:
-                    self._book_run(TrainingPhase.PREDICT, booked - 1)
+            measured = last == MEASURED_PREDICT and made == count
+            if booked > measured:
+                self._book_run(TrainingPhase.PREDICT, booked - measured)
+            if measured:
                 self._book_run(TrainingPhase.PREDICT, 1, [loss])
-            else:
-                self._book_run(TrainingPhase.PREDICT, booked)
-        correct_seconds = 0.0
         if correct and made == count:
             self._micro_batches += 1
             self._finish_real_gradient(sumsq, self._total, True, compared=True)
             self._book_run(TrainingPhase.CORRECT, 1, [loss])
-            correct_seconds = ns_correct * 1e-9 + (_clock() - t_kernel)
-            self._seconds[0] += correct_seconds
+            self._seconds[0] += correct_ns * 1e-9 + (_clock() - t_kernel)
             self._timed[0] += 1
         elif correct and math.isfinite(loss):                      # the gradient is not finite
             self._layout.check_flat(self._real)                     # raises, naming the parameter
             raise ValueError(f"sumsq: must be finite, got {sumsq}")
         if booked:
-            self._seconds[1] += (t_kernel - t0) - ns_correct * 1e-9 if correct else _clock() - t0
+            self._seconds[1] += (t_kernel - t0) - correct_ns * 1e-9 if correct else _clock() - t0
             self._timed[1] += booked
         return None if last == NO_LAST else loss
 
