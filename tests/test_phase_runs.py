@@ -21,13 +21,13 @@ from qatlab.train.phase_loop import PhaseStepper
 SIZES, B, N = [12, 16, 5], 4, 64
 
 
-def _stepper(predictor="momentum", warmup=0):
+def _stepper(predictor="momentum", warmup=0, loss="cross_entropy"):
     mlp = Mlp(SIZES, seed=2, weight_quantizers=[TernaryQuantizer(), TernaryQuantizer()])
     scratch, grads = mlp.scratch(B), mlp.gradients(B)
     opt = Adam(mlp.flat_params(), lr=0.02)
     cfg = PhaseConfig(warmup_steps=warmup, full_steps=3, predict_steps=9, correct_every=4, max_grad_norm=0.3,
                       loss_threshold=0.05, predictor=predictor)
-    loss = _Loss("cross_entropy", SimpleNamespace(task="classification", n_outputs=SIZES[-1]), B)
+    loss = _Loss(loss, SimpleNamespace(task="classification", n_outputs=SIZES[-1]), B)
     return PhaseStepper(cfg, mlp, scratch, grads, loss, FusedStep(mlp, scratch, grads, opt)), opt
 
 
@@ -73,11 +73,14 @@ def _protocol_step(stepper, opt, x, y, need_loss):
     return loss
 
 
-@pytest.mark.parametrize("predictor, warmup, limit", [("momentum", 0, 5), ("least_squares", 2, 3),
-                                                       ("momentum", 5, 100)])
-def test_runs_match_step_by_step(predictor, warmup, limit):
+@pytest.mark.parametrize("predictor, warmup, limit, loss", [("momentum", 0, 5, "cross_entropy"),
+                                                             ("least_squares", 2, 3, "cross_entropy"),
+                                                             ("momentum", 5, 100, "cross_entropy"),
+                                                             ("momentum", 0, 10, "mse")])
+def test_runs_match_step_by_step(predictor, warmup, limit, loss):
     X, y = _data()
-    (one, opt1), (runs, opt2) = _stepper(predictor, warmup), _stepper(predictor, warmup)
+    (one, opt1), (runs, opt2) = _stepper(predictor, warmup, loss), _stepper(predictor, warmup, loss)
+    targets = runs.loss_fn.fused_block(y)
     order = np.random.default_rng(1).integers(0, N, 200 * B)
     rng = np.random.default_rng(2)
     losses1, losses2, made = [], [], {"backward": 0, "alone": 0, NO_LAST: 0, MEASURED_PREDICT: 0, CORRECT_LAST: 0}
@@ -89,7 +92,7 @@ def test_runs_match_step_by_step(predictor, warmup, limit):
             losses2.append(runs.step(X[idx[:B]], y[idx[:B]], None, need_loss=True))
             made["alone"] += 1
         elif n := runs.backward_run_length(limit):
-            assert runs.backward_run(X, idx[:n * B], n, labels=y) == n
+            assert runs.backward_run(X, idx[:n * B], n, **targets) == n
             losses2 += runs.fused.losses.tolist()
             made["backward"] += n
             needs = [True] * n
@@ -97,11 +100,11 @@ def test_runs_match_step_by_step(predictor, warmup, limit):
             n = runs.block_run_length(limit)
             measure = bool(rng.integers(2))
             correct = runs.trainer.predict_run_length() < n
-            loss, right = runs.block_run(X, idx[:n * B], n, measure_last=measure, labels=y)
-            losses2 += [None] * (n - 1) + [loss]
+            last_loss, right = runs.block_run(X, idx[:n * B], n, measure_last=measure, **targets)
+            losses2 += [None] * (n - 1) + [last_loss]
             made[CORRECT_LAST if correct else MEASURED_PREDICT if measure else NO_LAST] += 1
             needs = [False] * (n - 1) + [measure or correct]
-            if loss is not None:
+            if last_loss is not None:
                 assert right == int(np.sum(np.argmax(runs.scratch.output(), axis=1) == y[idx[(n - 1) * B:n * B]]))
         for j in range(n):
             rows = idx[j * B:(j + 1) * B]
@@ -109,7 +112,7 @@ def test_runs_match_step_by_step(predictor, warmup, limit):
         step += n
         _same(_state(one, opt1), _state(runs, opt2))
     assert losses1 == losses2
-    assert made["backward"] > 30 and min(made.values()) > 3        # every kind of run was made
+    assert made["backward"] > 20 and min(made.values()) > 3        # every kind of run was made
     assert one.trainer.get_stats().mean_loss["predict"] > 0          # PREDICT steps measured losses
     assert one.trainer.get_stats().cycles > 5
 
