@@ -270,7 +270,8 @@ class Optimizer:
         lrs = [schedule(t + j) * lr_scale for j in range(len(out))]
         # fused_scalars(lr_j, ahead=j) of each step, written with one assignment (~4x faster than one call a step)
         if lrs:
-            out[:] = [(clip, *self._decay_l2(lr)[::-1], *self._scalars(t + 1 + j, lr), *pad) for j, lr in enumerate(lrs)]
+            out[:] = [(clip, *self._decay_l2(lr)[::-1], *self._scalars(t + 1 + j, lr), *pad)
+                      for j, lr in enumerate(lrs)]
         return lrs
 
     def fused_done(self, lr: float, grad_norm: float) -> None:
