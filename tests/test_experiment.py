@@ -540,6 +540,16 @@ def test_phase_gradient_accumulation_averages_micro_batches():
     np.testing.assert_allclose(four["loss"][tr], one["loss"][tr], rtol=2e-3)
 
 
+def test_phase_gradient_accumulation_applies_to_correct_steps():
+    """Every backward step, CORRECT ones included, records gradient_accumulation micro-batches."""
+    log = MetricsLog()
+    res = train_experiment(phase_cfg(epochs=2, full_steps=4, predict_steps=8, correct_every=4,
+                                     gradient_accumulation=2), log)
+    stats = log.meta["phase_stats"]
+    assert res.status == "finished" and stats["correct_steps"] > 5
+    assert stats["micro_batches"] == 2 * stats["backward_passes"]
+
+
 def test_gradient_accumulation_larger_than_batch_raises():
     cfg = phase_cfg(epochs=1, gradient_accumulation=8)
     cfg.optim.batch_size = 4

@@ -746,8 +746,11 @@ class PhaseTrainer:
 
     def predict_block_length(self) -> int:
         """How many of the next steps :meth:`predict_block_run` can make in one call: the PREDICT steps
-        in a row ahead and the CORRECT step after them, if the predict block has one (0 if the next
-        step is not in a predict block, or a step is in progress)."""
+        in a row ahead and the CORRECT step after them, if the predict block has one and
+        gradient_accumulation is 1 (a run's CORRECT step is one batch); 0 if the next step is not
+        in a predict block, or a step is in progress."""
+        if self._accumulation != 1:
+            return self.predict_run_length()
         if self._in_step or self._segment is not TrainingPhase.PREDICT:
             return 0
         j, every = self._pos + 1, self._correct_every
