@@ -649,7 +649,7 @@ class PhaseTrainer:
         t0 = _clock()
         losses, sumsqs = make_steps(self._real, pred.block_sum, pred.block_count == 0)
         seconds = _clock() - t0
-        losses, sumsqs = [float(v) for v in losses], [float(v) for v in sumsqs]
+        losses, sumsqs = np.asarray(losses, np.float64).tolist(), np.asarray(sumsqs, np.float64).tolist()
         done = len(losses)
         while done and not (math.isfinite(losses[done - 1]) and math.isfinite(sumsqs[done - 1])):
             done -= 1
@@ -661,8 +661,9 @@ class PhaseTrainer:
             first = self._total
             self._real = pred.adopt_run(real, first, done)
             self._micro_batches += done
-            for sumsq in sumsqs[:done]:
-                self._set_clip(real, sumsq)
+            limit = self._max_grad_norm          # the clipped steps before the last; _set_clip: the last
+            self._clipped += sum(math.sqrt(v) > limit for v in sumsqs[:done - 1]) if limit > 0 else 0
+            self._set_clip(real, sumsqs[done - 1])
             self._book_run(self._segment, done, losses[:done])
             self._seconds[0] += seconds
             self._timed[0] += done
