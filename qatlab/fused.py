@@ -91,6 +91,11 @@ class FusedStep:
         self.losses, self.correct, self.stash_sumsqs = self._block[1], self._block[2], self._block[4]   # last steps()
 
     def _batch_rows(self, B):
+        """The batch-B row buffers (made once per B), with the quantizers' STE codes brought up to
+        date (a quantizer's STE may have changed since the last step)."""
+        stes = self._stes
+        for i, q in self._ternary_layers:
+            stes[i] = q._code
         rows = self._rows.get(B)
         if rows is None:
             self.grads._grow(B)
@@ -124,7 +129,7 @@ class FusedStep:
         xb, lab, tgt = self._batch_buffers(B)
         scs, losses, correct, norms, sumsqs = self._block_buffers(count)
         lrs = opt.fused_run_scalars(scs)
-        hs, ds = self._run_rows(B)
+        hs, ds = self._batch_rows(B)
         code, s0, s1 = self._opt_kernel
         done = train_steps(X, labels, targets, idx, onehot, xb, lab, tgt, mlp._act, self._ternary, self._stes,
                            self._alphas, self._ws, self._bs, self._wqs, hs, ds, self._dws, self._dbs, code, s0, s1,
@@ -169,13 +174,6 @@ class FusedStep:
             raise ValueError(f"labels: every label of a row in idx must be in [0, {n_out})")
         return X, labels, targets, bool(onehot), len(idx) // count
 
-    def _run_rows(self, B):
-        """The batch-B row buffers, with the quantizers' STE codes brought up to date."""
-        stes = self._stes
-        for i, q in self._ternary_layers:
-            stes[i] = q._code
-        return self._batch_rows(B)
-
     def predict_block(self, X, idx, run, labels=None, targets=None, onehot: bool = False) -> int:
         """The steps of a :class:`qatlab.train.phase.PredictBlock` ``run`` in one call
         (:func:`qatlab.kernels.fused.predict_block`): its PREDICT steps, each prediction written into
@@ -200,7 +198,7 @@ class FusedStep:
             lr = opt.schedule(opt.t + updates)
             opt.fused_scalars(lr, ahead=updates, out=scs[updates])
         xb, lab, tgt = self._batch_buffers(B)
-        hs, ds = self._run_rows(B)
+        hs, ds = self._batch_rows(B)
         code, s0, s1 = self._opt_kernel
         made = predict_block(run.anchor, run.trend, run.ks, run.correction, run.corr_scales, run.gain, run.max_norm,
                              self._grads, run.last, run.pred, run.scores, X, labels, targets, idx, onehot, xb, lab, tgt,
@@ -281,7 +279,7 @@ class FusedStep:
         if stage not in _STAGES:
             raise ValueError(f"stage: expected FORWARD (0), BACKWARD (1) or UPDATE (2), got {stage!r}")
         clip = self._check_clip(clip)
-        hs, ds = self._run_rows(B)      # a quantizer's STE may have changed: its code too
+        hs, ds = self._batch_rows(B)
         if stage == UPDATE:
             if opt is None:
                 raise ValueError("stage: UPDATE needs the optimizer given to FusedStep")

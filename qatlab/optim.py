@@ -251,12 +251,14 @@ class Optimizer:
         max_grad_norm, l2, decay, then :meth:`_scalars` of that step (zero-padded), written into
         ``out`` (default: a buffer that the next call overwrites); changes nothing else (see
         :meth:`fused_done`)."""
-        decay, l2 = self._decay_l2(lr)
         sc = self._fused_scalars if out is None else out
-        sc[0], sc[1], sc[2] = self.max_grad_norm, l2, decay
-        for i, v in enumerate(self._scalars(self.t + 1 + ahead, lr), 3):
-            sc[i] = v
+        sc[:] = self._fused_row(self.t + 1 + ahead, lr)
         return sc
+
+    def _fused_row(self, t: int, lr: float) -> tuple:
+        """max_grad_norm, l2, decay, then :meth:`_scalars` (t, lr), zero-padded to 8 floats."""
+        decay, l2 = self._decay_l2(lr)
+        return (self.max_grad_norm, l2, decay, *self._scalars(t, lr), *self._fused_pad)
 
     def fused_run_scalars(self, out: np.ndarray, lr_scale: float = 1.0) -> list[float]:
         """Learning rates and kernel scalars of the next ``len(out)`` steps, for a kernel that makes
@@ -266,12 +268,10 @@ class Optimizer:
         if not (isinstance(out, np.ndarray) and out.dtype == np.float64 and out.ndim == 2 and out.shape[1] == 8):
             raise ValueError(f"out: expected a float64 array of shape (steps, 8), got {getattr(out, 'shape', out)!r}")
         lr_scale = _check_number("lr_scale", lr_scale, 0.0, math.inf, hi_open=True)
-        t, schedule, clip, pad = self.t, self.schedule, self.max_grad_norm, self._fused_pad
-        lrs = [schedule(t + j) * lr_scale for j in range(len(out))]
-        # fused_scalars(lr_j, ahead=j) of each step, written with one assignment (~4x faster than one call a step)
-        if lrs:
-            out[:] = [(clip, *self._decay_l2(lr)[::-1], *self._scalars(t + 1 + j, lr), *pad)
-                      for j, lr in enumerate(lrs)]
+        t = self.t
+        lrs = [self.schedule(t + j) * lr_scale for j in range(len(out))]
+        if lrs:      # fused_scalars(lr_j, ahead=j) of each step, written with one assignment
+            out[:] = [self._fused_row(t + 1 + j, lr) for j, lr in enumerate(lrs)]
         return lrs
 
     def fused_done(self, lr: float, grad_norm: float) -> None:

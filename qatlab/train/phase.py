@@ -93,6 +93,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..config import PhaseConfig
+from ..kernels import clock
 from ..kernels.dense import sum_squares
 from ..kernels.fused import CORRECT_LAST, MEASURED_PREDICT, NO_LAST, predicted_steps
 from ..kernels.phase_kernels import copy_sum_squares
@@ -747,10 +748,11 @@ class PhaseTrainer:
 
     def predict_block_length(self) -> int:
         """How many of the next steps :meth:`predict_block_run` can make in one call: the PREDICT steps
-        in a row ahead and the CORRECT step after them, if the predict block has one and
-        gradient_accumulation is 1 (a run's CORRECT step is one batch); 0 if the next step is not
-        in a predict block, or a step is in progress."""
-        if self._accumulation != 1:
+        in a row ahead and the CORRECT step after them, if the predict block has one,
+        gradient_accumulation is 1 (a run's CORRECT step is one batch) and a kernel can time the two
+        kinds apart (:data:`qatlab.kernels.clock.AVAILABLE`); 0 if the next step is not in a predict
+        block, or a step is in progress."""
+        if self._accumulation != 1 or not clock.AVAILABLE:
             return self.predict_run_length()
         if self._in_step or self._segment is not TrainingPhase.PREDICT:
             return 0

@@ -34,7 +34,6 @@ import numpy as np
 
 from ..config import PhaseConfig
 from ..fused import BACKWARD, FORWARD
-from ..kernels import clock
 from .phase import PhaseTrainer
 
 # PhaseTrainer.step_metrics() key -> MetricsLog column (the dashboard reads these names).
@@ -124,14 +123,8 @@ class PhaseStepper:
     def block_run_length(self, limit: int) -> int:
         """How many of the next steps (at most ``limit``) :meth:`block_run` can make in one call: the
         PREDICT steps in a row ahead and the CORRECT step after them
-        (:meth:`PhaseTrainer.predict_block_length`), when a FusedStep covers the model; else 0.
-        Without a kernel clock (:mod:`qatlab.kernels.clock`) the CORRECT step is left out."""
-        if self.fused is None:
-            return 0
-        n = self.trainer.predict_block_length()
-        if n and not clock.AVAILABLE and self.trainer.predict_run_length() < n:
-            n -= 1
-        return max(0, min(limit, n))
+        (:meth:`PhaseTrainer.predict_block_length`), when a FusedStep covers the model; else 0."""
+        return max(0, min(limit, self.trainer.predict_block_length())) if self.fused is not None else 0
 
     def block_run(self, X, idx, count: int, measure_last: bool = False, **targets) -> tuple[float | None, int]:
         """``count`` (<= :meth:`block_run_length`) steps of the predict block in one call
