@@ -227,15 +227,30 @@ def predicted_steps(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, o
     (steps, 8). Returns (steps whose gradient was clipped, the last step's norm of gain * out,
     the last step's norm as the optimizer's own clipping measured it: NaN unless that is on).
     """
+    return _predicted_run(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, opt, state0, state1, p, scs,
+                          _clip_bounds(anchor, trend, corr, gain, max_norm))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _clip_bounds(anchor, trend, corr, gain, max_norm):
+    """(|anchor|, |trend|, |corr|) for :func:`predicted_steps`' one-pass test; zeros when no step
+    can be clipped (gain 0 or max_norm 0) and the norms are not needed."""
+    if gain == 0.0 or max_norm <= 0:
+        return 0.0, 0.0, 0.0
+    return norms3(anchor, trend, corr)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _predicted_run(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, opt, state0, state1, p, scs, bounds):
+    """:func:`predicted_steps` with the clipping bounds given (:func:`_clip_bounds`: computed once
+    by a caller that makes its predicted steps in two parts)."""
     clipped = 0
     norm = opt_norm = math.nan
     last = ks.shape[0] - 1
     if gain == 0.0:     # no updates: only the last prediction is left in out
         sumsq = anchor_trend(anchor, trend, ks[last], corr, corr_scales[last], out)
         return clipped, math.sqrt(sumsq * gain * gain), opt_norm
-    bound_a = bound_t = bound_c = 0.0
-    if max_norm > 0:
-        bound_a, bound_t, bound_c = norms3(anchor, trend, corr)
+    bound_a, bound_t, bound_c = bounds
     one_pass = False
     for j in range(ks.shape[0]):
         k, s = ks[j], corr_scales[j]
@@ -292,9 +307,10 @@ def predict_block(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, las
     upd = plain if gain != 0.0 else 0                        # and their updates
     result[:] = math.nan
     result[0] = result[6] = result[8] = 0.0
+    bounds = _clip_bounds(anchor, trend, corr, gain, max_norm) if n > 0 else (0.0, 0.0, 0.0)
     if plain > 0:
-        result[0], result[1], result[2] = predicted_steps(anchor, trend, ks[:plain], corr, corr_scales[:plain], gain,
-                                                          max_norm, out, opt, state0, state1, p, scs[:upd])
+        result[0], result[1], result[2] = _predicted_run(anchor, trend, ks[:plain], corr, corr_scales[:plain], gain,
+                                                         max_norm, out, opt, state0, state1, p, scs[:upd], bounds)
     made = plain
     t1 = monotonic_ns()
     if last != NO_LAST:
@@ -305,9 +321,9 @@ def predict_block(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, las
                                                 stash, clip)
         result[3] = loss
         if np.isfinite(loss) and last == MEASURED_PREDICT:
-            clipped, result[1], result[2] = predicted_steps(anchor, trend, ks[n - 1:], corr, corr_scales[n - 1:],
-                                                            gain, max_norm, out, opt, state0, state1, p,
-                                                            scs[upd:upd + 1] if gain != 0.0 else scs[:0])
+            clipped, result[1], result[2] = _predicted_run(anchor, trend, ks[n - 1:n], corr, corr_scales[n - 1:n],
+                                                           gain, max_norm, out, opt, state0, state1, p,
+                                                           scs[upd:upd + 1] if gain != 0.0 else scs[:0], bounds)
             result[0] += clipped
             made += 1
         elif np.isfinite(loss) and np.isfinite(result[5]):
