@@ -9,7 +9,7 @@ import pytest
 from qatlab.config import PredictionConfig
 from qatlab.kernels.dense import sum_squares
 from qatlab.kernels.phase_kernels import (all_finite, anchor_trend, compare_vectors, copy_sum_squares, fold_correction,
-                                         weighted_rows)
+                                          norms3, weighted_rows)
 from qatlab.train.predictors import (LeastSquaresPredictor, MomentumPredictor, ParamLayout, make_predictor)
 
 F32 = np.float32
@@ -62,6 +62,14 @@ def test_anchor_trend_kernel(rng, k, s):
     ref = anchor + F32(k) * trend + F32(s) * corr                # float32, left to right
     np.testing.assert_array_equal(out, ref)
     assert ss == pytest.approx(np.sum(ref.astype(np.float64) ** 2), rel=1e-12)
+
+
+def test_norms3_kernel(rng):
+    a, b, c = (rng.standard_normal(1000).astype(F32) * s for s in (1.0, 0.01, 30.0))
+    got = norms3(a, b, c)
+    for x, v in zip((a, b, c), got):
+        assert v == pytest.approx(np.linalg.norm(x.astype(np.float64)), rel=1e-12)
+    assert norms3(a[:0], b[:0], c[:0]) == (0.0, 0.0, 0.0)
 
 
 @pytest.mark.parametrize("h, n", [(1, 64), (2, 64), (5, 64), (3, 1300), (2, 512)])
