@@ -127,7 +127,7 @@ class FusedStep:
             raise ValueError("accumulate: needs a stash")
         clip = self._check_clip(clip)
         xb, lab, tgt = self._batch_buffers(B)
-        scs, losses, correct, norms, sumsqs = self._block_buffers(count)
+        scs, losses, correct, norms, sumsqs = (b[:count] for b in self._block_buffers(count))
         lrs = opt.fused_run_scalars(scs)
         hs, ds = self._batch_rows(B)
         code, s0, s1 = self._opt_kernel
@@ -137,8 +137,9 @@ class FusedStep:
                            norms, sumsqs)
         self._after(xb, hs)
         last_ok = math.isfinite(losses[done - 1]) and (stash is _NO_STATE or math.isfinite(sumsqs[done - 1]))
-        for j in range(done if last_ok else done - 1):
-            opt.fused_done(lrs[j], norms[j])
+        updated = done if last_ok else done - 1
+        if updated:
+            opt.fused_done(lrs[updated - 1], norms[updated - 1], updated)
         self.losses, self.correct, self.stash_sumsqs = losses[:done], correct[:done], sumsqs[:done]
         return done
 
@@ -192,8 +193,8 @@ class FusedStep:
         correct_last = run.last == CORRECT_LAST
         n_pred = len(run.ks) - correct_last
         updates = n_pred if run.gain != 0.0 else 0
-        scs = self._block_buffers(updates + 1)[0]
-        lrs = opt.fused_run_scalars(scs[:updates], lr_scale=run.gain) if updates else []
+        scs = self._block_buffers(updates + 1)[0][:updates + 1]
+        lrs = opt.fused_run_scalars(scs[:updates], lr_scale=run.gain) if updates else None
         if correct_last:
             lr = opt.schedule(opt.t + updates)
             opt.fused_scalars(lr, ahead=updates, out=scs[updates])
@@ -207,8 +208,8 @@ class FusedStep:
                              run.stash, run.clip, run.result)
         if run.last != NO_LAST:
             self._after(xb, hs)
-        for lr_j in lrs[:min(made, n_pred)]:
-            opt.fused_done(lr_j, run.result[2])
+        if updates and made:
+            opt.fused_done(lrs[min(made, n_pred) - 1], run.result[2], min(made, n_pred))
         if correct_last and made > n_pred:
             opt.fused_done(lr, run.result[4])
         return made
@@ -235,10 +236,11 @@ class FusedStep:
         return bufs
 
     def _block_buffers(self, count):
+        """Buffers of a run of at least ``count`` steps: (scalars, losses, correct, norms, sumsqs)."""
         if len(self._block[1]) < count:
             self._block = (np.zeros((count, 8)), np.zeros(count), np.zeros(count, np.int64), np.zeros(count),
                            np.zeros(count))
-        return tuple(b[:count] for b in self._block)
+        return self._block
 
     def _after(self, x, hs) -> None:
         """Leave the Python objects as a step on x would (alphas, scratch, gradients)."""

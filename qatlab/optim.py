@@ -274,13 +274,13 @@ class Optimizer:
             out[:] = [self._fused_row(t + 1 + j, lr) for j, lr in enumerate(lrs)]
         return lrs
 
-    def fused_done(self, lr: float, grad_norm: float) -> None:
-        """Bookkeeping of a step the fused kernel made: as :meth:`step` does (t, last_lr, and
-        last_grad_norm when clipping is on)."""
-        self.t += 1
-        self.last_lr = lr
+    def fused_done(self, lr: float, grad_norm: float, steps: int = 1) -> None:
+        """Bookkeeping of ``steps`` steps the fused kernel made, the last one at ``lr`` with the norm
+        ``grad_norm``: as :meth:`step` does (t, last_lr, and last_grad_norm when clipping is on)."""
+        self.t += steps
+        self.last_lr = float(lr)
         if self.max_grad_norm > 0:
-            self.last_grad_norm = grad_norm
+            self.last_grad_norm = float(grad_norm)
 
 
 class SGD(Optimizer):

@@ -167,15 +167,28 @@ def test_optimizer_follows_its_schedule():
     np.testing.assert_allclose(p, ref, rtol=1e-5, atol=1e-6)
 
 
-def test_fused_run_scalars_are_the_next_steps_fused_scalars():
+@pytest.mark.parametrize("make", [
+    lambda p, s: Adam(p, lr=s, weight_decay=0.01, max_grad_norm=2.0),
+    lambda p, s: Adam(p, lr=s, betas=(0.8, 0.99), weight_decay=0.01, decoupled_weight_decay=False),
+    lambda p, s: SGD(p, lr=s, weight_decay=0.1),
+    lambda p, s: Momentum(p, lr=s, momentum=0.7, decoupled_weight_decay=False, weight_decay=0.1)])
+@pytest.mark.parametrize("kind", ["constant", "step", "cosine"])
+def test_fused_run_scalars_are_the_next_steps_fused_scalars(make, kind):
     p, grads = problem(steps=3)
-    opt = Adam(p, lr=Schedule("cosine", 0.1, 8), weight_decay=0.01, max_grad_norm=2.0)
+    opt = make(p, Schedule(kind, 0.1, 8))
     opt.step(grads[0])
-    out = np.full((4, 8), np.nan)
-    lrs = opt.fused_run_scalars(out, lr_scale=0.5)
-    assert lrs == [opt.schedule(1 + j) * 0.5 for j in range(4)] and opt.t == 1
-    for j, lr in enumerate(lrs):
-        np.testing.assert_array_equal(out[j], opt.fused_scalars(lr, ahead=j))
+    for t, scale in ((1, 0.5), (1, 1.0), (300, 0.25)):
+        opt.t = t
+        out = np.full((4, 8), np.nan)
+        lrs = opt.fused_run_scalars(out, lr_scale=scale)
+        assert lrs == [opt.schedule(t + j) * scale for j in range(4)] and opt.t == t
+        for j, lr in enumerate(lrs):
+            np.testing.assert_array_equal(out[j], opt.fused_scalars(lr, ahead=j))
+    if isinstance(opt, Adam):        # betas changed after construction are used
+        opt.betas = (0.5, 0.9)
+        opt.fused_run_scalars(out)
+        np.testing.assert_array_equal(out[0], opt.fused_scalars(opt.lr))
+    opt.t = 1
     before = out.copy()
     for bad in (np.zeros((4, 7)), np.zeros((4, 8), np.float32), [[0.0] * 8]):
         with pytest.raises(ValueError, match="out: expected a float64 array of shape"):
@@ -184,6 +197,16 @@ def test_fused_run_scalars_are_the_next_steps_fused_scalars():
         with pytest.raises(ValueError, match="lr_scale"):
             opt.fused_run_scalars(out, lr_scale=bad)
     assert np.array_equal(out, before) and opt.t == 1
+
+
+def test_fused_done_books_a_run_of_steps():
+    p, _ = problem(steps=1)
+    clipping, plain = Adam(p.copy(), max_grad_norm=1.0), Adam(p.copy())
+    for opt in (clipping, plain):
+        opt.fused_done(np.float64(0.25), 3.0, steps=3)
+        opt.fused_done(0.5, 4.0)
+        assert opt.t == 4 and opt.last_lr == 0.5 and type(opt.last_lr) is float
+    assert clipping.last_grad_norm == 4.0 and math.isnan(plain.last_grad_norm)
 
 
 def test_clip_global_norm_helper():

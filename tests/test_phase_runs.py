@@ -82,11 +82,12 @@ def test_runs_match_step_by_step(predictor, warmup, limit, loss):
     (one, opt1), (runs, opt2) = _stepper(predictor, warmup, loss), _stepper(predictor, warmup, loss)
     targets = runs.loss_fn.fused_block(y)
     order = np.random.default_rng(1).integers(0, N, 200 * B)
-    rng = np.random.default_rng(2)
+    rng, rng_rows = np.random.default_rng(2), np.random.default_rng(3)
     losses1, losses2, made = [], [], {"backward": 0, "alone": 0, NO_LAST: 0, MEASURED_PREDICT: 0, CORRECT_LAST: 0}
     step = 0
     while step < 150:
         idx = order[step * B:]
+        last_rows = B                              # rows of the run's last batch
         if step % 7 == 3:                          # made alone; a PREDICT step measures its loss
             n, needs = 1, [True]
             losses2.append(runs.step(X[idx[:B]], y[idx[:B]], None, need_loss=True))
@@ -100,14 +101,16 @@ def test_runs_match_step_by_step(predictor, warmup, limit, loss):
             n = runs.block_run_length(limit)
             measure = bool(rng.integers(2))
             correct = runs.trainer.predict_run_length() < n
-            last_loss, right = runs.block_run(X, idx[:n * B], n, measure_last=measure, **targets)
+            last_rows = int(rng_rows.choice([B, B // 2]))  # an epoch's last, partial batch may end a run
+            last = idx[(n - 1) * B:(n - 1) * B + last_rows]
+            last_loss, right = runs.block_run(X, last, n, measure_last=measure, **targets)
             losses2 += [None] * (n - 1) + [last_loss]
             made[CORRECT_LAST if correct else MEASURED_PREDICT if measure else NO_LAST] += 1
             needs = [False] * (n - 1) + [measure or correct]
             if last_loss is not None:
-                assert right == int(np.sum(np.argmax(runs.scratch.output(), axis=1) == y[idx[(n - 1) * B:n * B]]))
+                assert right == int(np.sum(np.argmax(runs.scratch.output(), axis=1) == y[last]))
         for j in range(n):
-            rows = idx[j * B:(j + 1) * B]
+            rows = idx[j * B:j * B + (last_rows if j == n - 1 else B)]
             losses1.append(_protocol_step(one, opt1, X[rows], y[rows], need_loss=needs[j]))
         step += n
         _same(_state(one, opt1), _state(runs, opt2))
@@ -164,9 +167,9 @@ def test_run_api_errors_leave_state_untouched():
     before = _state(stepper, opt)
     assert trainer.predict_block_length() == 3                     # block runs: up to the CORRECT step
     with pytest.raises(ValueError, match="count"):
-        stepper.block_run(X, np.arange(4 * B, dtype=np.int64), 4, labels=y)
+        stepper.block_run(X, np.arange(B, dtype=np.int64), 4, labels=y)
     with pytest.raises(ValueError, match="idx"):                   # the batch is checked before anything is made
-        stepper.block_run(X, np.full(2 * B, N, dtype=np.int64), 2, labels=y)
+        stepper.block_run(X, np.full(B, N, dtype=np.int64), 2, labels=y)
     _same(before, _state(stepper, opt))
     stepper.block_run(X, np.arange(B, dtype=np.int64), 1, labels=y)   # arguments checked before are only
     before = _state(stepper, opt)                                   # remembered: other ones are checked again
@@ -230,7 +233,7 @@ def test_predicted_steps_at_gain_zero_make_no_update(in_runs):
     before = (stepper.mlp.flat_params().copy(), [s.copy() for s in opt._state], opt.t)
     calls = []
     if in_runs:
-        stepper.block_run(X, np.arange(3 * B, dtype=np.int64), 3, labels=y)
+        stepper.block_run(X, np.arange(B, dtype=np.int64), 3, labels=y)
     else:
         for _ in range(3):
             stepper.step(X[:B], y[:B], lambda *a: calls.append(a), need_loss=False)
@@ -293,7 +296,7 @@ def test_lr_scale_is_the_gain_on_predict_steps_only():
     trainer.end_step(None)
     assert trainer.lr_scale == 1.0                       # between steps
     lr0, t0 = opt.lr, opt.t
-    stepper.block_run(X, np.arange(2 * B, dtype=np.int64), 2, labels=y)
+    stepper.block_run(X, np.arange(B, dtype=np.int64), 2, labels=y)
     assert opt.t == t0 + 2 and opt.last_lr == pytest.approx(lr0 * 0.25)
 
 
@@ -309,7 +312,7 @@ def test_a_block_run_whose_last_loss_is_not_finite_books_the_steps_before_it(cou
     for _ in range(count - 1):
         _protocol_step(one, opt1, X[:B], y[:B], need_loss=False)
     X[:, 0] = np.inf                                      # only the last step's batch is read
-    loss, right = runs.block_run(X, np.arange(count * B, dtype=np.int64), count, measure_last=measure, labels=y)
+    loss, right = runs.block_run(X, np.arange(B, dtype=np.int64), count, measure_last=measure, labels=y)
     assert math.isnan(loss) and right == 0
     _same(_state(one, opt1), _state(runs, opt2))
     assert runs.trainer.total_step == 3 + count - 1

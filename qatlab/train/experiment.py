@@ -265,7 +265,8 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
                 status, message = "stopped", f"stopped by request at step {step}"
                 break
             # runs of full batches in one call, up to the next metrics row (module doc)
-            to_row = _run_limit(step, every, (data.n_train - pos) // bs)
+            left = data.n_train - pos
+            to_row = _run_limit(step, every, left // bs)
             run = 0
             if block is not None and to_row:
                 run = to_row if phase is None else phase.backward_run_length(to_row)
@@ -277,13 +278,16 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
                     else:
                         phase.backward_run(data.X_train, idx, run, **block)
                 losses, lr, n_rows = fused.losses.tolist(), opt.schedule(t_before + len(fused.losses) - 1), bs
-                correct, counted = int(fused.correct.sum()), len(losses) * bs
-            elif phase is not None and (run := phase.block_run_length(to_row)):
+                correct, counted, used = int(fused.correct.sum()), len(losses) * bs, len(losses) * bs
+            # a predict block's steps read no batch but the last: its run may end on the epoch's partial batch
+            elif phase is not None and (run := phase.block_run_length(_run_limit(step, every, -(-left // bs)))):
                 lr, last = opt.lr, step + run - 1   # PREDICT steps measure a loss only for a metrics row
+                last_rows = order[pos + (run - 1) * bs: pos + run * bs]
                 with STEP_SLOTS:
-                    loss, correct = phase.block_run(data.X_train, order[pos: pos + run * bs], run,
+                    loss, correct = phase.block_run(data.X_train, last_rows, run,
                                                     measure_last=(last + 1) % every == 0 or last == 0, **block)
-                losses, n_rows, counted = [None] * (run - 1) + [loss], bs, 0 if loss is None else bs
+                losses, n_rows, used = [None] * (run - 1) + [loss], len(last_rows), min(run * bs, left)
+                counted = 0 if loss is None else n_rows
             else:
                 idx = order[pos: pos + bs]
                 xb = data.X_train.take(idx, axis=0, out=xbuf[: len(idx)])   # the method: np.take's
@@ -299,12 +303,12 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
                             update(grads.flat(), True)
                     else:   # a PREDICT step measures its loss only for a metrics row (None otherwise)
                         loss = phase.step(xb, yb, update, need_loss=(step + 1) % every == 0 or step == 0)
-                losses, correct, counted = [loss], 0, 0
+                losses, correct, counted, used = [loss], 0, 0, n_rows
                 if loss is not None and math.isfinite(loss) and loss_fn.classify:
                     out = scratch.output()    # gradient accumulation leaves the last micro-batch's rows
                     correct, counted = count_correct(out, yb[len(yb) - len(out):]), len(out)
             step += len(losses)
-            pos += len(losses) * n_rows
+            pos += used
             loss = losses[-1]
             if loss is not None:
                 if not math.isfinite(loss):

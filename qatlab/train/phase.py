@@ -721,13 +721,13 @@ class PhaseTrainer:
         ks, corr_scales = self._prediction_scalars(count)
         scs = np.zeros((count, 8))
         # gain 0: no update (see get_predicted_gradients), so no learning rates
-        lrs = opt.fused_run_scalars(scs, lr_scale=pred.gain) if pred.gain != 0.0 else []
+        lrs = opt.fused_run_scalars(scs, lr_scale=pred.gain) if pred.gain != 0.0 else None
         code, s0, s1 = opt.fused_kernel()
         clipped, norm, opt_norm = predicted_steps(pred.anchor, pred.trend, ks, pred.correction, corr_scales,
                                                   float(pred.gain), self._max_grad_norm, out, code, s0, s1,
                                                   params, scs)
-        for lr in lrs:
-            opt.fused_done(lr, opt_norm)
+        if lrs is not None:
+            opt.fused_done(lrs[-1], opt_norm, count)
         self._clipped += clipped
         self._last_norm = norm
         self._seconds[1] += _clock() - t0
@@ -758,6 +758,11 @@ class PhaseTrainer:
             return 0
         j, every = self._pos + 1, self._correct_every
         return min(-(-j // every) * every, self._predict_len) - j + 1
+
+    @property
+    def block_result(self) -> np.ndarray:
+        """float64 (9,): the kernel's results of the last :meth:`predict_block_run` (its ``run.result``)."""
+        return self._block_result
 
     def predict_block_run(self, count: int, make_steps, measure_last: bool = False) -> float | None:
         """Make the next ``count`` (<= :meth:`predict_block_length`) steps of the predict block through
