@@ -31,7 +31,7 @@ import numpy as np
 
 from . import parallel
 from .kernels.dense import scale_inplace, sum_squares
-from .kernels.optim_kernels import _adam_kernel, _momentum_kernel, _sgd_kernel
+from .kernels.optim_kernels import _adam_kernel, _momentum_kernel, _sgd_kernel, fused_row, fused_rows
 
 SCHEDULES = ("constant", "step", "cosine")
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -166,7 +166,6 @@ class Optimizer:
         self.last_lr = math.nan
         self._last_grads = self._last_split = None
         self._fused_scalars = np.zeros(8)
-        self._fused_pad = (0.0,) * (5 - len(self._scalars(1, 1.0)))   # zeros after _scalars in a row of 8
 
     @property
     def lr(self) -> float:
@@ -244,21 +243,30 @@ class Optimizer:
         ``(code, state0, state1)``: code 0 SGD, 1 momentum, 2 Adam, and the state buffers
         (float32 (n,), empty when unused). See also :meth:`fused_scalars`, :meth:`fused_done`."""
         states = [*self._state, _NO_STATE, _NO_STATE]
-        return _KERNEL_CODES[self._kernel()], states[0], states[1]
+        return self._code, states[0], states[1]
+
+    @property
+    def _code(self) -> int:
+        return _KERNEL_CODES[self._kernel()]
+
+    def fused_constants(self) -> tuple:
+        """What :func:`qatlab.kernels.optim_kernels.fused_row` needs besides the step and its
+        learning rate: (max_grad_norm, weight_decay, decoupled (1.0 or 0.0), mu, b1, b2, eps), 0.0
+        where this optimizer has no such number."""
+        return (self.max_grad_norm, self.weight_decay, float(self.decoupled_weight_decay), *self._row_constants())
+
+    def _row_constants(self) -> tuple:  # pragma: no cover - abstract
+        """(mu, b1, b2, eps) of :meth:`fused_constants`."""
+        raise NotImplementedError
 
     def fused_scalars(self, lr: float, ahead: int = 0, out: np.ndarray | None = None) -> np.ndarray:
         """The kernel's scalars for step ``t + 1 + ahead`` at learning rate ``lr``: float64 (8,) =
         max_grad_norm, l2, decay, then :meth:`_scalars` of that step (zero-padded), written into
-        ``out`` (default: a buffer that the next call overwrites); changes nothing else (see
-        :meth:`fused_done`)."""
+        ``out`` (default: a buffer that the next call overwrites) by
+        :func:`~qatlab.kernels.optim_kernels.fused_row`; changes nothing else (see :meth:`fused_done`)."""
         sc = self._fused_scalars if out is None else out
-        sc[:] = self._fused_row(self.t + 1 + ahead, lr)
+        fused_row(self._code, self.fused_constants(), self.t + 1 + ahead, float(lr), sc)
         return sc
-
-    def _fused_row(self, t: int, lr: float) -> tuple:
-        """max_grad_norm, l2, decay, then :meth:`_scalars` (t, lr), zero-padded to 8 floats."""
-        decay, l2 = self._decay_l2(lr)
-        return (self.max_grad_norm, l2, decay, *self._scalars(t, lr), *self._fused_pad)
 
     def fused_run_scalars(self, out: np.ndarray, lr_scale: float = 1.0) -> list[float]:
         """Learning rates and kernel scalars of the next ``len(out)`` steps, for a kernel that makes
@@ -270,8 +278,8 @@ class Optimizer:
         lr_scale = _check_number("lr_scale", lr_scale, 0.0, math.inf, hi_open=True)
         t = self.t
         lrs = [self.schedule(t + j) * lr_scale for j in range(len(out))]
-        if lrs:      # fused_scalars(lr_j, ahead=j) of each step, written with one assignment
-            out[:] = [self._fused_row(t + 1 + j, lr) for j, lr in enumerate(lrs)]
+        if lrs:      # fused_scalars(lr_j, ahead=j) of each step, in one call
+            fused_rows(self._code, self.fused_constants(), t + 1, np.array(lrs), out)
         return lrs
 
     def fused_done(self, lr: float, grad_norm: float, steps: int = 1) -> None:
@@ -297,6 +305,9 @@ class SGD(Optimizer):
 
     def _scalars(self, t, lr):
         return (lr, self.momentum) if self.momentum > 0 else (lr,)
+
+    def _row_constants(self):
+        return self.momentum, 0.0, 0.0, 0.0
 
 
 class Momentum(SGD):
@@ -326,6 +337,9 @@ class Adam(Optimizer):
     def _scalars(self, t, lr):
         b1, b2 = self.betas
         return b1, b2, lr / (1.0 - b1 ** t), math.sqrt(1.0 - b2 ** t), self.eps
+
+    def _row_constants(self):
+        return 0.0, *self.betas, self.eps
 
 
 def make_optimizer(cfg, params, steps_per_epoch: int) -> Optimizer:

@@ -199,6 +199,24 @@ def test_fused_run_scalars_are_the_next_steps_fused_scalars(make, kind):
     assert np.array_equal(out, before) and opt.t == 1
 
 
+@pytest.mark.parametrize("make", [
+    lambda p: Adam(p, lr=0.1, weight_decay=0.01, max_grad_norm=2.0),
+    lambda p: Adam(p, lr=0.1, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.01, decoupled_weight_decay=False),
+    lambda p: SGD(p, lr=0.1, weight_decay=0.1),
+    lambda p: Momentum(p, lr=0.1, momentum=0.7, decoupled_weight_decay=False, weight_decay=0.1)])
+def test_fused_row_is_the_python_steps_scalars(make):
+    """The Numba row (fused_row) holds the floats Optimizer.step passes its kernel: (decay, l2) of
+    _decay_l2 and _scalars, for every optimizer and step."""
+    p, _ = problem(steps=1)
+    opt = make(p)
+    for t in (1, 2, 7, 100, 2999):
+        for lr in (0.1, 0.0375, 1e-5):
+            opt.t = t - 1
+            decay, l2 = opt._decay_l2(lr)
+            want = [opt.max_grad_norm, l2, decay, *opt._scalars(t, lr)]
+            assert opt.fused_scalars(lr).tolist() == want + [0.0] * (8 - len(want))
+
+
 def test_fused_done_books_a_run_of_steps():
     p, _ = problem(steps=1)
     clipping, plain = Adam(p.copy(), max_grad_norm=1.0), Adam(p.copy())

@@ -2,6 +2,8 @@
 flush to zero); p, g and the state are float32 (n,), updated in place."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -86,3 +88,35 @@ def _adam_kernel(p, g, m, v, gscale, l2, decay, b1, b2, step_size, bc2_sqrt, eps
     gs, l2f, dec, c1, b2f, c2, st, inv_bc, ep = adam_constants(gscale, l2, decay, b1, b2, step_size, bc2_sqrt, eps)
     for i in range(p.shape[0]):
         p[i], m[i], v[i] = adam_element(p[i], g[i], m[i], v[i], gs, l2f, dec, c1, b2f, c2, st, inv_bc, ep)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def fused_row(code, consts, t, lr, out):
+    """out float64 (8,) = the scalars :func:`qatlab.kernels.fused.train_step` takes for step t
+    (1-based) at learning rate lr: max_grad_norm, l2, decay, then the update kernel's own
+    (SGD: lr; momentum: lr, mu; Adam: b1, b2, lr / (1 - b1^t), sqrt(1 - b2^t), eps), zero-padded.
+    code: 0 SGD, 1 momentum, 2 Adam; consts: (max_grad_norm, weight_decay, decoupled (1.0 or 0.0),
+    mu, b1, b2, eps) (:meth:`qatlab.optim.Optimizer.fused_constants`). Decoupled weight decay makes
+    decay = 1 - lr * weight_decay and l2 = 0, else decay = 1 and l2 = weight_decay."""
+    max_grad_norm, wd, decoupled, mu, b1, b2, eps = consts
+    out[:] = 0.0
+    out[0] = max_grad_norm
+    if decoupled != 0.0:
+        out[2] = 1.0 - lr * wd
+    else:
+        out[1], out[2] = wd, 1.0
+    if code == 2:
+        tf = np.float64(t)     # a float power: libm's pow, as Python's b ** t
+        out[3], out[4], out[5], out[6], out[7] = b1, b2, lr / (1.0 - b1 ** tf), math.sqrt(1.0 - b2 ** tf), eps
+    else:
+        out[3] = lr
+        if code == 1:
+            out[4] = mu
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def fused_rows(code, consts, t, lrs, out):
+    """out[j] = :func:`fused_row` (code, consts, t + j, lrs[j]) for each row j; lrs float64 (steps,),
+    out float64 (steps, 8)."""
+    for j in range(lrs.shape[0]):
+        fused_row(code, consts, t + j, lrs[j], out[j])
