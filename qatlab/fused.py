@@ -27,8 +27,7 @@ import math
 import numpy as np
 
 from . import parallel
-from .kernels.fused import (BACKWARD, CORRECT_LAST, FORWARD, NO_LAST, UPDATE, batch_rows_error, predict_block,
-                            train_step, train_steps)
+from .kernels.fused import BACKWARD, FORWARD, UPDATE, batch_rows_error, predict_block, train_step, train_steps
 from .nn import _f32_2d, _labels
 from .quant import TernaryQuantizer
 
@@ -88,6 +87,7 @@ class FusedStep:
         self.stash_sumsq = math.nan
         self._batch_bufs = {}
         self._block = (np.zeros((0, 8)), np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+        self._predict = (np.zeros((0, 8)), np.zeros(0), np.zeros(0))
         self.losses, self.correct, self.stash_sumsqs = self._block[1], self._block[2], self._block[4]   # last steps()
 
     def _batch_rows(self, B):
@@ -175,44 +175,54 @@ class FusedStep:
             raise ValueError(f"labels: every label of a row in idx must be in [0, {n_out})")
         return X, labels, targets, bool(onehot), len(idx) // count
 
-    def predict_block(self, X, idx, run, labels=None, targets=None, onehot: bool = False) -> int:
+    def predict_block(self, X, idx, batch_size: int, run, labels=None, targets=None, onehot: bool = False) -> int:
         """The steps of a :class:`qatlab.train.phase.PredictBlock` ``run`` in one call
-        (:func:`qatlab.kernels.fused.predict_block`): its PREDICT steps, each prediction written into
-        the gradient buffer (``grads.flat()``) and the update made through this step's optimizer at
-        ``run.gain`` times the scheduled learning rate (no update at gain 0),
-        then by ``run.last`` a forward pass measuring the last PREDICT step's loss, or a CORRECT
-        step (an UPDATE step with ``run.stash`` and ``run.clip``, as ``self(x, stash=, clip=)``),
-        both on the batch ``X[idx]`` (idx int64 (B,); labels / targets / onehot as in
-        :meth:`steps`). The optimizer and the Python objects are left as after those steps.
+        (:func:`qatlab.kernels.fused.predict_block`, whose doc says what each step does): PREDICT
+        steps, each prediction written into the gradient buffer (``grads.flat()``) and its update
+        made through this step's optimizer at ``run``'s gain times the scheduled learning rate (no
+        update at gain 0), and CORRECT steps (UPDATE steps with the staging buffer as the stash,
+        clipped, then folded into the predictor); with ``run.measure_last`` a last PREDICT step
+        first measures its loss (a forward pass).
 
-        Fills ``run.result`` (see the kernel) and returns the steps made: all, or all but the
-        last when its loss or stashed gradient is not finite (it made no update).
+        Step j's batch is ``X[idx[j*B:(j+1)*B]]``, B = ``batch_size`` (idx int64; labels / targets /
+        onehot as in :meth:`steps`); only the batches of CORRECT steps and the measured one are
+        read, and idx may end before the batches of the steps after the last one read (an epoch's
+        last rows). The optimizer and the Python objects are left as after those steps.
+
+        Fills ``run.state``, ``run.result`` and ``run.corrections`` (see the kernel) and returns the
+        steps made: all, or the ones before a step whose loss or real gradient is not finite.
         """
         opt = self.opt
-        X, labels, targets, onehot, B = self._run_inputs("predict_block", X, idx, 1, labels, targets, onehot)
-        correct_last = run.last == CORRECT_LAST
-        n_pred = len(run.ks) - correct_last
-        updates = n_pred if run.gain != 0.0 else 0
-        scs = self._block_buffers(updates + 1)[0][:updates + 1]
-        lrs = opt.fused_run_scalars(scs[:updates], lr_scale=run.gain) if updates else None
-        if correct_last:
-            lr = opt.schedule(opt.t + updates)
-            opt.fused_scalars(lr, ahead=updates, out=scs[updates])
+        if not (isinstance(batch_size, int) and 1 <= batch_size <= self.scratch.batch_size):
+            raise ValueError(f"batch_size: expected an int in [1, {self.scratch.batch_size}], got {batch_size!r}")
+        if not (idx.__class__ is np.ndarray and len(idx) % batch_size == 0 and len(idx) // batch_size > run.last_read):
+            raise ValueError(f"idx: expected int64 rows of at least {run.last_read + 1} batches of {batch_size}")
+        X, labels, targets, onehot, B = self._run_inputs("predict_block", X, idx, len(idx) // batch_size, labels,
+                                                         targets, onehot)
+        count = run.count
+        scs, ks, cs = self._predict_buffers(count)
+        lrs = opt.schedule.rates(opt.t, count)
         xb, lab, tgt = self._batch_buffers(B)
         hs, ds = self._batch_rows(B)
         code, s0, s1 = self._opt_kernel
-        made = predict_block(run.anchor, run.trend, run.ks, run.correction, run.corr_scales, run.gain, run.max_norm,
-                             self._grads, run.last, run.pred, run.scores, X, labels, targets, idx, onehot, xb, lab, tgt,
-                             self.mlp._act, self._ternary, self._stes, self._alphas, self._ws, self._bs, self._wqs,
-                             hs, ds, self._dws, self._dbs, code, s0, s1, self._params, self._grads, scs,
-                             run.stash, run.clip, run.result)
-        if run.last != NO_LAST:
+        result = run.result
+        predict_block(run.anchor, run.staging, run.trend, run.correction, run.pred, run.scores, run.first, run.pos,
+                      run.every, run.has_trend, run.decay, run.weight, run.threshold, run.learn_gain, run.max_norm,
+                      run.clip, run.measure_last, run.state, self._grads, X, labels, targets, idx, onehot, xb, lab, tgt,
+                      self.mlp._act, self._ternary, self._stes, self._alphas, self._ws, self._bs, self._wqs, hs, ds,
+                      self._dws, self._dbs, code, s0, s1, opt.fused_constants(), opt.t, lrs, self._params, self._grads,
+                      scs, ks, cs, result, run.corrections)
+        if result[12]:
             self._after(xb, hs)
-        if updates and made:
-            opt.fused_done(lrs[min(made, n_pred) - 1], run.result[2], min(made, n_pred))
-        if correct_last and made > n_pred:
-            opt.fused_done(lr, run.result[4])
-        return made
+        if result[4]:
+            opt.fused_done(result[5], result[6], int(result[4]))
+        return int(result[0])
+
+    def _predict_buffers(self, count):
+        """predict_block's scratch of at least ``count`` steps: (scalars (count, 8), ks, cs)."""
+        if len(self._predict[1]) < count:
+            self._predict = (np.zeros((count, 8)), np.zeros(count), np.zeros(count))
+        return self._predict
 
     def _check_stash(self, stash, name="stash"):
         if stash is None:

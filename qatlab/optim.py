@@ -138,6 +138,12 @@ class Schedule:
             return self.base_lr * (0.01 if t >= 0.75 * T else 0.1 if t >= 0.5 * T else 1.0)
         return self.base_lr * 0.5 * (1.0 + math.cos(math.pi * min(t, T) / T))
 
+    def rates(self, t: int, count: int) -> np.ndarray:
+        """float64 (count,): the rates at steps t, t + 1, ..., t + count - 1."""
+        if self.kind == "constant":
+            return np.full(count, self.base_lr)
+        return np.array([self(t + j) for j in range(count)], dtype=np.float64)
+
     def __repr__(self) -> str:
         return f"Schedule({self.kind!r}, lr={self.base_lr}, total_steps={self.total_steps})"
 

@@ -25,10 +25,11 @@ from numba import njit
 from .dense import (IDENTITY, act_backward_inplace, bias_act_inplace, count_correct, mse, softmax_cross_entropy,
                     sum_squares)
 from .fakequant import ternary_backward, ternary_forward
-from .optim_kernels import (_adam_kernel, _momentum_kernel, _sgd_kernel, adam_constants, adam_element,
+from .optim_kernels import (_adam_kernel, _momentum_kernel, _sgd_kernel, adam_constants, adam_element, fused_row,
                             momentum_constants, momentum_element, sgd_constants, sgd_element)
 from .clock import monotonic_ns
-from .phase_kernels import anchor_trend, compare_vectors, copy_sum_squares, norms3, prediction
+from .phase_kernels import (anchor_trend, compare_vectors, copy_sum_squares, fold_correction, norms3, prediction,
+                            relative_error_cosine)
 
 FORWARD, BACKWARD, UPDATE = 0, 1, 2   # how far a step goes: loss only, + gradients, + optimizer update
 
@@ -271,70 +272,143 @@ def _predicted_run(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, op
     return clipped, norm, opt_norm
 
 
-NO_LAST, MEASURED_PREDICT, CORRECT_LAST = 0, 1, 2   # predict_block: how its run ends
-
-
 @njit(cache=True, nogil=True, error_model="numpy")
-def predict_block(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, last, pred, scores,
-                  X, Y, T, idx, mse_loss, xb, labels, targets, act, ternary, stes, alphas, ws, bs, wqs, hs, ds,
-                  dws, dbs, opt, state0, state1, p, g, scs, stash, clip, result):
-    """Steps of phase training's predict block in one call, timed by kind: ``n`` PREDICT steps as
-    :func:`predicted_steps` makes them (ks[j], corr_scales[j]: step j's), then by ``last``:
+def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every, has_trend, decay, weight, threshold,
+                  learn_gain, max_norm, clip, measure_last, pstate, out, X, Y, T, idx, mse_loss, xb, labels, targets,
+                  act, ternary, stes, alphas, ws, bs, wqs, hs, ds, dws, dbs, opt, state0, state1, consts, t0, lrs, p,
+                  g, scs, ks, cs, result, corrections):
+    """``len(lrs)`` steps of phase training's predict block in one call, from step ``first`` at block
+    position ``pos`` (1-based): the step at position j is CORRECT when ``j % every == 0``, else
+    PREDICT; each one as PhaseTrainer's per-step protocol makes it, timed by kind.
 
-    - NO_LAST: nothing more (n = len(ks));
-    - MEASURED_PREDICT: PREDICT step n - 1 (n = len(ks)) first measures its loss: a forward pass on
-      the batch ``idx`` (:func:`train_steps`' gathering, batch 0) before its update;
-    - CORRECT_LAST: then (n = len(ks) - 1) a CORRECT step on the batch ``idx``: :func:`train_step`
-      UPDATE with ``stash``, ``clip`` and the last scalars; then ``pred`` = the prediction for that
-      step (anchor_trend with ks[n], corr_scales[n]; anchor, trend and corr as they were) and
-      ``scores`` = compare_vectors(stash, pred).
+    Predictor: ``anchor`` and ``staging`` float32 (n,) (the anchor g1; the buffer a CORRECT step's
+    real gradient goes to -- it then becomes the anchor and the old anchor the next staging
+    buffer), ``trend``, ``corr`` (the correction, folded in place), ``pred`` (a CORRECT step's
+    prediction), ``scores`` float64 (4,) (its comparison); ``pstate`` float64 (5,) in/out:
+    anchor_step, correction_step (-1: none), gain, and the gain's running sums a.p and p.p. A step
+    s predicts ``anchor_trend(anchor, trend, k, corr, c)`` with k = s - anchor_step (0 without a
+    trend: ``has_trend``), c = decay^(s - correction_step) (0 with none).
 
-    Arguments as in :func:`predicted_steps` and :func:`train_steps`; scs float64 (updates + 1, 8):
-    the optimizer scalars of each update (the PREDICT ones, none when gain is 0; then the CORRECT
-    one, or any row).
-    result float64 (9,) receives: PREDICT steps clipped, the last one's norm of gain * prediction and
-    its optimizer norm (as predicted_steps returns them); the last step's loss (NaN if none);
-    the CORRECT step's optimizer norm and stashed sum of squares; rows of the measured batch
-    whose argmax is the label; nanoseconds in the PREDICT steps (the measured forward pass
-    included) and in the CORRECT step (:func:`qatlab.kernels.clock.monotonic_ns`).
+    - PREDICT: :func:`predicted_steps` (gain, max_norm) at ``lrs[u] * gain``; with ``measure_last``
+      the run's last step, if PREDICT, first measures its loss: a forward pass on its batch.
+    - CORRECT: :func:`train_step` UPDATE at ``lrs[u]``, its real gradient into staging, clipped to
+      ``clip``; then its prediction and the fold of GradientPredictor.fold: relative error, cosine,
+      the gain (``learn_gain``: clamp(sum a.p / sum p.p, 0, 1)), and the correction reset
+      (relative error > ``threshold``) or folded (``weight``); then the swap of anchor and staging.
 
-    Returns the steps made: all, or all but the last when its loss (or an alpha) or the CORRECT
-    step's stashed gradient is not finite -- that step made no update.
+    u counts the optimizer updates made (none at gain 0): update u is the optimizer's step t0 + u
+    + 1 at the learning rate lrs[u] (float64 (steps,): the schedule's at t0 + u) times the gain,
+    its scalars from :func:`~qatlab.kernels.optim_kernels.fused_row` (opt, consts) into scs
+    (float64 (steps, 8) scratch). ks, cs float64 (steps,) scratch. Batch j (of step j) is rows
+    ``idx[j*B:(j+1)*B]`` of X (B = xb's rows; Y, T, mse_loss, xb, labels, targets as in
+    :func:`train_steps`; only the batches of CORRECT steps and the measured one are read).
+
+    result float64 (13,) receives: steps made, PREDICT steps clipped, the last step's gradient norm
+    (gain * prediction, or the real one), the last measured loss (NaN if none), optimizer updates
+    made, the last one's learning rate and optimizer norm (NaN unless its clipping is on),
+    CORRECT steps made, rows whose argmax is the label over the measured batches, nanoseconds in
+    PREDICT and in CORRECT steps (:func:`qatlab.kernels.clock.monotonic_ns`), 1.0 if it stopped at
+    a CORRECT step whose loss is finite and gradient not (else 0.0), and the forward passes run
+    (the batches read). corrections float64
+    (steps, 6): row c = the c-th CORRECT step's (run index, loss, sum of squares of its gradient,
+    relative error, cosine, 1.0 if the correction was reset).
+
+    Stops before a step whose loss (or an alpha) is not finite, and before a CORRECT step whose
+    gradient is not finite: neither makes an update, and the steps made are the ones before.
     """
-    t0 = monotonic_ns()
-    n = ks.shape[0] - 1 if last == CORRECT_LAST else ks.shape[0]
-    plain = n - 1 if last == MEASURED_PREDICT else n       # PREDICT steps before any forward pass
-    upd = plain if gain != 0.0 else 0                        # and their updates
-    result[:] = math.nan
-    result[0] = result[6] = result[8] = 0.0
-    bounds = _clip_bounds(anchor, trend, corr, gain, max_norm) if n > 0 else (0.0, 0.0, 0.0)
-    if plain > 0:
-        result[0], result[1], result[2] = _predicted_run(anchor, trend, ks[:plain], corr, corr_scales[:plain], gain,
-                                                         max_norm, out, opt, state0, state1, p, scs[:upd], bounds)
-    made = plain
-    t1 = monotonic_ns()
-    if last != NO_LAST:
-        step_labels, step_targets = _gather(X, Y, T, idx, 0, mse_loss, xb, labels, targets)
-        stage = FORWARD if last == MEASURED_PREDICT else UPDATE
-        loss, result[4], result[5] = train_step(xb, step_labels, step_targets, stage, act, ternary, stes, alphas,
-                                                ws, bs, wqs, hs, ds, dws, dbs, opt, state0, state1, p, g, scs[upd],
-                                                stash, clip)
+    t_start = monotonic_ns()
+    count = lrs.shape[0]
+    anchor_step, corr_step, gain, g_num, g_den = pstate[0], pstate[1], pstate[2], pstate[3], pstate[4]
+    result[:] = 0.0
+    result[2] = result[3] = result[5] = result[6] = math.nan
+    a_buf, s_buf = anchor, staging
+    u = made = n_corr = right = 0
+    ns_correct = 0
+    has_labels = Y.shape[0] > 0
+    while made < count:
+        j = made
+        while j < count and (pos + j) % every != 0:
+            j += 1
+        n = j - made                                   # PREDICT steps before step j (CORRECT, or the end)
+        measured = j == count and measure_last
+        if n > 0:
+            for q in range(n):
+                step = first + made + q
+                ks[q] = np.float64(step - anchor_step) if has_trend else 0.0
+                cs[q] = decay ** np.float64(step - corr_step) if corr_step >= 0 else 0.0
+            n_upd = n if gain != 0.0 else 0
+            for q in range(n_upd):
+                fused_row(opt, consts, t0 + u + q + 1, lrs[u + q] * gain, scs[q])
+            bounds = _clip_bounds(a_buf, trend, corr, gain, max_norm)
+            plain = n - 1 if measured else n
+            if plain > 0:
+                clipped, result[2], opt_norm = _predicted_run(a_buf, trend, ks[:plain], corr, cs[:plain], gain,
+                                                              max_norm, out, opt, state0, state1, p,
+                                                              scs[:min(plain, n_upd)], bounds)
+                result[1] += clipped
+                made += plain
+                if n_upd:
+                    u += plain
+                    result[5], result[6] = lrs[u - 1] * gain, opt_norm
+            if measured:
+                step_labels, step_targets = _gather(X, Y, T, idx, made, mse_loss, xb, labels, targets)
+                loss = train_step(xb, step_labels, step_targets, FORWARD, act, ternary, stes, alphas, ws, bs, wqs,
+                                  hs, ds, dws, dbs, opt, state0, state1, p, g, scs[0], s_buf, 0.0)[0]
+                result[3] = loss
+                result[12] += 1
+                if not np.isfinite(loss):
+                    break
+                if has_labels:
+                    right += count_correct(hs[len(hs) - 1], labels)
+                clipped, result[2], opt_norm = _predicted_run(a_buf, trend, ks[n - 1:n], corr, cs[n - 1:n], gain,
+                                                              max_norm, out, opt, state0, state1, p,
+                                                              scs[plain:n_upd], bounds)
+                result[1] += clipped
+                made += 1
+                if n_upd:
+                    u += 1
+                    result[5], result[6] = lrs[u - 1] * gain, opt_norm
+        if j == count:
+            break
+        t_correct = monotonic_ns()                     # the CORRECT step j
+        step = first + j
+        fused_row(opt, consts, t0 + u + 1, lrs[u], scs[0])
+        step_labels, step_targets = _gather(X, Y, T, idx, j, mse_loss, xb, labels, targets)
+        loss, opt_norm, sumsq = train_step(xb, step_labels, step_targets, UPDATE, act, ternary, stes, alphas, ws, bs,
+                                           wqs, hs, ds, dws, dbs, opt, state0, state1, p, g, scs[0], s_buf, clip)
         result[3] = loss
-        if np.isfinite(loss) and last == MEASURED_PREDICT:
-            clipped, result[1], result[2] = _predicted_run(anchor, trend, ks[n - 1:n], corr, corr_scales[n - 1:n],
-                                                           gain, max_norm, out, opt, state0, state1, p,
-                                                           scs[upd:upd + 1] if gain != 0.0 else scs[:0], bounds)
-            result[0] += clipped
-            made += 1
-        elif np.isfinite(loss) and np.isfinite(result[5]):
-            anchor_trend(anchor, trend, ks[n], corr, corr_scales[n], pred)
-            compare_vectors(stash, pred, scores)
-            made += 1
-        if np.isfinite(loss) and Y.shape[0] > 0:
-            result[6] = count_correct(hs[len(hs) - 1], labels)
-    t2 = monotonic_ns()
-    if last == CORRECT_LAST:
-        result[7], result[8] = t1 - t0, t2 - t1
-    else:
-        result[7] = t2 - t0
-    return made
+        result[12] += 1
+        if not (np.isfinite(loss) and np.isfinite(sumsq)):
+            result[11] = 1.0 if np.isfinite(loss) else 0.0
+            break
+        u += 1
+        result[2], result[5], result[6] = math.sqrt(sumsq), lrs[u - 1], opt_norm
+        if has_labels:
+            right += count_correct(hs[len(hs) - 1], labels)
+        k = np.float64(step - anchor_step) if has_trend else 0.0
+        c = decay ** np.float64(step - corr_step) if corr_step >= 0 else 0.0
+        anchor_trend(a_buf, trend, k, corr, c, pred)
+        compare_vectors(s_buf, pred, scores)
+        rel, cos = relative_error_cosine(scores)
+        if learn_gain:
+            g_num += scores[0]
+            g_den += scores[2]
+            if g_den > 0:
+                gain = min(max(g_num / g_den, 0.0), 1.0)
+        reset = rel > threshold
+        if reset:
+            corr[:] = 0.0
+            corr_step = -1
+        else:
+            fold_correction(corr, c, s_buf, pred, weight)
+            corr_step = step
+        corrections[n_corr, 0], corrections[n_corr, 1], corrections[n_corr, 2] = j, loss, sumsq
+        corrections[n_corr, 3], corrections[n_corr, 4], corrections[n_corr, 5] = rel, cos, 1.0 if reset else 0.0
+        n_corr += 1
+        a_buf, s_buf = s_buf, a_buf                    # the real gradient is the anchor now
+        anchor_step = step
+        made = j + 1
+        ns_correct += monotonic_ns() - t_correct
+    pstate[0], pstate[1], pstate[2], pstate[3], pstate[4] = anchor_step, corr_step, gain, g_num, g_den
+    result[0], result[4], result[7], result[8] = made, u, n_corr, right
+    result[9], result[10] = monotonic_ns() - t_start - ns_correct, ns_correct

@@ -20,6 +20,8 @@ Trit codes, packed 4 per byte, element i of a tensor at bits 2*(i % 4) of byte i
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -92,6 +94,30 @@ def compare_vectors(actual, predicted, out):
     out[1] = aa
     out[2] = pp
     out[3] = ee
+
+
+@njit(**_OPTS)
+def relative_error_cosine(scores):
+    """(|a - p| / |a|, cos(a, p)) from :func:`compare_vectors`' scores [a.p, a.a, p.p, e.e]: the
+    relative error is 0 if both a and e are 0 and inf if only a is; the cosine is 1 if a and p are
+    both 0, 0 if one is."""
+    dot, aa, pp, ee = scores[0], scores[1], scores[2], scores[3]
+    if aa > 0:
+        rel = math.sqrt(ee / aa)
+    else:
+        rel = 0.0 if ee == 0 else math.inf
+    if aa > 0 and pp > 0:
+        cos = dot / math.sqrt(aa * pp)
+    else:
+        cos = 1.0 if aa == 0 and pp == 0 else 0.0
+    return rel, cos
+
+
+@njit(**_OPTS)
+def clamp01(v):
+    """min(max(v, 0), 1) as Python's min and max give it (NaN stays NaN)."""
+    v = 0.0 if 0.0 > v else v
+    return 1.0 if 1.0 < v else v
 
 
 @njit(fastmath={"reassoc"}, **_OPTS)

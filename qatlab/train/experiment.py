@@ -279,15 +279,14 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
                         phase.backward_run(data.X_train, idx, run, **block)
                 losses, lr, n_rows = fused.losses.tolist(), opt.schedule(t_before + len(fused.losses) - 1), bs
                 correct, counted, used = int(fused.correct.sum()), len(losses) * bs, len(losses) * bs
-            # a predict block's steps read no batch but the last: its run may end on the epoch's partial batch
+            # a predict block: its PREDICT steps read no batch, so its run may end on the epoch's partial batch
             elif phase is not None and (run := phase.block_run_length(_run_limit(step, every, -(-left // bs)))):
                 lr, last = opt.lr, step + run - 1   # PREDICT steps measure a loss only for a metrics row
-                last_rows = order[pos + (run - 1) * bs: pos + run * bs]
                 with STEP_SLOTS:
-                    loss, correct = phase.block_run(data.X_train, last_rows, run,
-                                                    measure_last=(last + 1) % every == 0 or last == 0, **block)
-                losses, n_rows, used = [None] * (run - 1) + [loss], len(last_rows), min(run * bs, left)
-                counted = 0 if loss is None else n_rows
+                    losses, correct, n_rows = phase.block_run(data.X_train, order[pos: pos + run * bs], run, bs,
+                                                              measure_last=(last + 1) % every == 0 or last == 0,
+                                                              **block)
+                counted, used = n_rows * sum(v is not None for v in losses), min(len(losses) * bs, left)
             else:
                 idx = order[pos: pos + bs]
                 xb = data.X_train.take(idx, axis=0, out=xbuf[: len(idx)])   # the method: np.take's
@@ -310,18 +309,17 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
             step += len(losses)
             pos += used
             loss = losses[-1]
-            if loss is not None:
-                if not math.isfinite(loss):
-                    status = "diverged"
-                    message = (f"loss became {loss} at step {step} (epoch {epoch + 1}); "
-                               "try a lower learning rate or gradient clipping")
-                    break
-                measured = [value for value in losses if value is not None]
-                for value in measured:
-                    epoch_loss += value * n_rows
-                epoch_rows += len(measured) * n_rows
-                acc_correct += correct
-                acc_rows += counted
+            if loss is not None and not math.isfinite(loss):
+                status = "diverged"
+                message = (f"loss became {loss} at step {step} (epoch {epoch + 1}); "
+                           "try a lower learning rate or gradient clipping")
+                break
+            measured = [value for value in losses if value is not None]   # (a PREDICT step may measure none)
+            for value in measured:
+                epoch_loss += value * n_rows
+            epoch_rows += len(measured) * n_rows
+            acc_correct += correct
+            acc_rows += counted
             elapsed = time.perf_counter() - t0
             if step % every == 0 or step == 1:
                 layers, nonzero = {}, 0

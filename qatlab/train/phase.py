@@ -57,10 +57,11 @@ Runs of steps in one call: :meth:`PhaseTrainer.backward_run` makes up to
 :meth:`qatlab.fused.FusedStep.steps`), :meth:`PhaseTrainer.predicted_steps` up to
 :meth:`PhaseTrainer.predict_run_length` PREDICT steps in one Numba call that also updates a
 :class:`qatlab.optim.Optimizer`, and :meth:`PhaseTrainer.predict_block_run` up to
-:meth:`PhaseTrainer.predict_block_length` steps of a predict block (its PREDICT steps and the
-CORRECT step after them) through one caller-supplied call (e.g.
-:meth:`qatlab.fused.FusedStep.predict_block`, which times the two kinds inside its kernel:
-:mod:`qatlab.kernels.clock`); each books its steps exactly as the per-step protocol above.
+:meth:`PhaseTrainer.predict_block_length` steps of a predict block (its PREDICT and CORRECT
+steps, to the block's end, each CORRECT step's fold and anchor swap included) through one
+caller-supplied call (e.g. :meth:`qatlab.fused.FusedStep.predict_block`, which times the two kinds
+inside its kernel: :mod:`qatlab.kernels.clock`); each books its steps exactly as the per-step
+protocol above.
 
 Adaptive phases (``adaptive_phases``), applied when a cycle with a predict block ends, with
 L_F / L_P the mean measured loss over that cycle's FULL steps / predict block (steps ended with
@@ -95,7 +96,7 @@ import numpy as np
 from ..config import PhaseConfig
 from ..kernels import clock
 from ..kernels.dense import sum_squares
-from ..kernels.fused import CORRECT_LAST, MEASURED_PREDICT, NO_LAST, predicted_steps
+from ..kernels.fused import predicted_steps
 from ..kernels.phase_kernels import copy_sum_squares
 from .predictors import CorrectionResult, ParamLayout, make_predictor
 from .ternary_accumulator import TernaryGradientAccumulator
@@ -154,28 +155,36 @@ class StepInfo(NamedTuple):
 
 
 class PredictBlock(NamedTuple):
-    """What :meth:`PhaseTrainer.predict_block_run` hands its ``make_steps``: the predictor's arrays
-    (anchor, trend, correction: float32 (n,)), each step's k and correction scale (ks,
-    corr_scales: float64 (steps,), the CORRECT step's last), the gain and max_grad_norm of the
-    PREDICT steps, how the run ends (``last``: NO_LAST,
-    MEASURED_PREDICT or CORRECT_LAST of :mod:`qatlab.kernels.fused`), and the CORRECT step's
-    buffers: ``stash`` for its real gradient, ``clip`` (its max_grad_norm), ``pred`` for its
-    prediction, ``scores`` float64 (4,) for their comparison; ``result`` float64 (9,) receives the
-    kernel's results."""
+    """What :meth:`PhaseTrainer.predict_block_run` hands its ``make_steps``: the arguments of
+    :func:`qatlab.kernels.fused.predict_block` that describe the run (see there): the predictor's
+    arrays, the ``count`` steps from step ``first`` at block position ``pos`` (CORRECT every
+    ``every``), the prediction's and the fold's constants, the clipping of PREDICT (``max_norm``)
+    and CORRECT (``clip``) steps, ``measure_last``, the predictor's ``state`` (in/out) and the
+    ``result`` / ``corrections`` buffers; ``last_read``: the index of the last step that reads its
+    batch (-1: none)."""
 
     anchor: np.ndarray
+    staging: np.ndarray
     trend: np.ndarray
-    ks: np.ndarray
     correction: np.ndarray
-    corr_scales: np.ndarray
-    gain: float
-    max_norm: float
-    last: int
-    stash: np.ndarray
-    clip: float
     pred: np.ndarray
     scores: np.ndarray
+    first: int
+    pos: int
+    every: int
+    has_trend: bool
+    decay: float
+    weight: float
+    threshold: float
+    learn_gain: bool
+    max_norm: float
+    clip: float
+    measure_last: bool
+    state: np.ndarray
     result: np.ndarray
+    corrections: np.ndarray
+    count: int
+    last_read: int
 
 
 @dataclass
@@ -257,7 +266,8 @@ class PhaseTrainer:
         self._out_views = self._layout.views(self._out)
         self._predictor = make_predictor(config.predictor, n, self._config.prediction)
         self._checked_run_args = (None, None, None)   # predicted_steps' (opt, params, out) once checked
-        self._block_result = np.zeros(9)                # predict_block_run's kernel results
+        self._block_result, self._block_state = np.zeros(13), np.zeros(5)   # predict_block_run's kernel buffers
+        self._corrections = np.zeros((0, 6))
         self._accumulator = None
         self._compressor = None
         self.reset()
@@ -747,45 +757,49 @@ class PhaseTrainer:
         return pred.steps_since_anchor_run(first, count), pred.correction_scale_run(first, count)
 
     def predict_block_length(self) -> int:
-        """How many of the next steps :meth:`predict_block_run` can make in one call: the PREDICT steps
-        in a row ahead and the CORRECT step after them, if the predict block has one,
-        gradient_accumulation is 1 (a run's CORRECT step is one batch) and a kernel can time the two
-        kinds apart (:data:`qatlab.kernels.clock.AVAILABLE`); 0 if the next step is not in a predict
-        block, or a step is in progress."""
+        """How many of the next steps :meth:`predict_block_run` can make in one call: the rest of the
+        predict block, its CORRECT steps included, if gradient_accumulation is 1 (a run's CORRECT
+        step is one batch) and a kernel can time the two kinds apart
+        (:data:`qatlab.kernels.clock.AVAILABLE`), else its PREDICT steps in a row ahead
+        (:meth:`predict_run_length`); 0 if the next step is not in a predict block, or a step is in
+        progress."""
         if self._accumulation != 1 or not clock.AVAILABLE:
             return self.predict_run_length()
         if self._in_step or self._segment is not TrainingPhase.PREDICT:
             return 0
-        j, every = self._pos + 1, self._correct_every
-        return min(-(-j // every) * every, self._predict_len) - j + 1
+        return self._predict_len - self._pos
+
+    def block_step_reads(self, j: int, measure_last: bool, count: int) -> bool:
+        """Whether step j (0-based) of a :meth:`predict_block_run` of ``count`` steps reads its batch:
+        it is CORRECT, or the measured last step."""
+        return (self._pos + 1 + j) % self._correct_every == 0 or (measure_last and j == count - 1)
 
     @property
     def block_result(self) -> np.ndarray:
-        """float64 (9,): the kernel's results of the last :meth:`predict_block_run` (its ``run.result``)."""
+        """float64 (13,): the kernel's results of the last :meth:`predict_block_run` (its ``run.result``)."""
         return self._block_result
 
-    def predict_block_run(self, count: int, make_steps, measure_last: bool = False) -> float | None:
+    def predict_block_run(self, count: int, make_steps, measure_last: bool = False) -> list:
         """Make the next ``count`` (<= :meth:`predict_block_length`) steps of the predict block through
         one call of ``make_steps(run: PredictBlock) -> steps made``, and book them as the per-step
-        protocol would each. When the ``count``-th step is CORRECT it is the run's last (``run.last``
-        CORRECT_LAST), else with ``measure_last`` the last PREDICT step measures its loss
-        (MEASURED_PREDICT, e.g. for a metrics row), else none does (NO_LAST); e.g.
-        ``make_steps = lambda run: fused.predict_block(X, idx_of_last_batch, run, labels=y)``
+        protocol would each; ``measure_last``: the last step, if PREDICT, measures its loss (e.g. for
+        a metrics row). E.g. ``make_steps = lambda run: fused.predict_block(X, idx, B, run, labels=y)``
         (:meth:`qatlab.fused.FusedStep.predict_block`; its kernel's doc says what each step does).
 
         ``make_steps`` makes the PREDICT steps as :meth:`predicted_steps` does (into a flat float32
-        (n,) array of its own), then the last step. A CORRECT step writes its real gradient into
-        ``run.stash`` (this trainer's staging buffer) and updates with it clipped to ``run.clip``, its
-        prediction into ``run.pred`` and their comparison into ``run.scores``; it is then booked as
-        record_written + end_step(loss) would book it (error folded, gradient made the anchor).
-        ``run.result`` receives the kernel's numbers. Time: the kernel's own clock splits the call;
-        the Python before the kernel counts as predicted-step seconds, the booking after it as the
-        CORRECT step's.
+        (n,) array of its own) and each CORRECT step as record_written + end_step(loss) would: its
+        real gradient into ``run.staging`` (this trainer's staging buffer), the update with it
+        clipped to ``run.clip``, its prediction into ``run.pred`` and their comparison into
+        ``run.scores``, the fold, and the staging buffer made the anchor; it writes the predictor's
+        scalars into ``run.state`` and its numbers into ``run.result`` and ``run.corrections``.
+        Time: the kernel's own clock splits the call; the Python before the kernel counts as
+        predicted-step seconds, the booking after it as the CORRECT steps'.
 
-        Returns the last step's loss (None when it measured none). If it is not finite, that step
-        made nothing and is not booked (the steps before it are): the run diverged. A CORRECT step
-        with a finite loss and a non-finite gradient raises ValueError naming the parameter, as
-        :meth:`record_written`.
+        Returns the losses of the steps made (None for a step that measured none); if the run
+        stopped at a step whose loss is not finite, that loss is appended (the step made nothing and
+        is not booked: the run diverged). A CORRECT step with a finite loss and a non-finite
+        gradient raises ValueError naming the parameter, as :meth:`record_written`, after the steps
+        before it are booked.
         """
         limit = self.predict_block_length()
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= limit:
@@ -794,37 +808,58 @@ class PhaseTrainer:
         if pred.anchor_step < 0:
             raise RuntimeError("predict: no real gradient recorded yet")
         t0 = _clock()
-        correct = (self._pos + count) % self._correct_every == 0
-        last = CORRECT_LAST if correct else MEASURED_PREDICT if measure_last else NO_LAST
-        ks, corr_scales = self._prediction_scalars(count)
-        result = self._block_result
-        made = make_steps(PredictBlock(pred.anchor, pred.trend, ks, pred.correction, corr_scales, float(pred.gain),
-                                       self._max_grad_norm, last, self._real, self._max_grad_norm, self._pred,
-                                       pred.scores, result))
+        pred.prepare()
+        first, pos, every = self._total, self._pos + 1, self._correct_every
+        reads = [j for j in range(count) if self.block_step_reads(j, measure_last, count)]
+        state, result = self._block_state, self._block_result
+        pred.export_state(state)
+        if len(self._corrections) < count:
+            self._corrections = np.zeros((count, 6))
+        run_anchor = pred.anchor
+        made = make_steps(PredictBlock(pred.anchor, self._real, pred.trend, pred.correction, self._pred, pred.scores,
+                                       first, pos, every, pred.has_trend, *pred.fold_constants(), self._max_grad_norm,
+                                       self._max_grad_norm, measure_last, state, result, self._corrections, count,
+                                       reads[-1] if reads else -1))
         t_kernel = _clock()
-        clipped, norm, _, loss, _, sumsq, _, _, correct_ns = result.tolist()
-        booked = min(made, count - correct)         # PREDICT steps made
-        if booked:
-            self._clipped += int(clipped)
-            self._last_norm = norm
-            measured = last == MEASURED_PREDICT and made == count
-            if booked > measured:
-                self._book_run(TrainingPhase.PREDICT, booked - measured)
+        _, clipped, norm, loss, _, _, _, n_corr, _, _, correct_ns, bad_gradient, _ = result.tolist()
+        losses, booked, n_corr = [None] * made, 0, int(n_corr)
+        for j, c_loss, sumsq, rel, cos, reset in self._corrections[:n_corr].tolist():
+            j = int(j)
+            if j > booked:
+                self._book_run(TrainingPhase.PREDICT, j - booked)
+            self._micro_batches += 1
+            self._clipped += 0 < self._max_grad_norm < math.sqrt(sumsq)
+            self._note_correction(CorrectionResult(first + j, rel, cos, bool(reset)))
+            self._book_run(TrainingPhase.CORRECT, 1, [c_loss])
+            losses[j], booked = c_loss, j + 1
+        if made > booked:
+            measured = measure_last and made == count
+            if made - measured > booked:
+                self._book_run(TrainingPhase.PREDICT, made - measured - booked)
             if measured:
                 self._book_run(TrainingPhase.PREDICT, 1, [loss])
-        if correct and made == count:
-            self._micro_batches += 1
-            self._finish_real_gradient(sumsq, self._total, True, compared=True)
-            self._book_run(TrainingPhase.CORRECT, 1, [loss])
-            self._seconds[0] += correct_ns * 1e-9 + (_clock() - t_kernel)
-            self._timed[0] += 1
-        elif correct and math.isfinite(loss):                      # the gradient is not finite
-            self._layout.check_flat(self._real)                     # raises, naming the parameter
-            raise ValueError(f"sumsq: must be finite, got {sumsq}")
-        if booked:
-            self._seconds[1] += (t_kernel - t0) - correct_ns * 1e-9 if correct else _clock() - t0
-            self._timed[1] += booked
-        return None if last == NO_LAST else loss
+                losses[-1] = loss
+        if n_corr % 2:                      # each CORRECT step made the staging buffer the anchor
+            pred.import_state(state, self._real)
+            self._real = run_anchor
+        else:
+            pred.import_state(state, run_anchor)
+        self._clipped += int(clipped)
+        if made:
+            self._last_norm = norm
+        if made < count:
+            losses.append(loss)
+            if bad_gradient:
+                self._layout.check_flat(self._real)                 # raises, naming the parameter
+                raise ValueError("sumsq: must be finite, got a non-finite gradient")
+        correct_s = correct_ns * 1e-9
+        if n_corr:
+            self._seconds[0] += correct_s + (_clock() - t_kernel)
+            self._timed[0] += n_corr
+        if made > n_corr:
+            self._seconds[1] += (t_kernel - t0) - correct_s if n_corr else _clock() - t0
+            self._timed[1] += made - n_corr
+        return losses
 
     def apply_correction(self, grads: dict) -> CorrectionResult:
         """Manual correction: fold real ``grads`` measured at the current step into the

@@ -11,13 +11,11 @@ same in both modes.
 
 Runs (a FusedStep covers the model, gradient_accumulation = 1): consecutive WARMUP/FULL steps
 go through one :meth:`FusedStep.steps` call (:meth:`PhaseStepper.backward_run`, booked by
-:meth:`PhaseTrainer.backward_run`), and the steps of a predict block up to and including its next
-CORRECT step through one :meth:`FusedStep.predict_block` call (:meth:`PhaseStepper.block_run`,
-booked by :meth:`PhaseTrainer.predict_block_run`): the PREDICT steps, then the CORRECT step, or
-a forward pass for the loss of a PREDICT step that logs a metrics row. Each gives the numbers of
-one :meth:`PhaseStepper.step` per step. Measured on digits (seeds 0-7, the same numbers both ways),
-a phase run takes 6-11% less time this way than with one call for the PREDICT steps and another
-for the step after them.
+:meth:`PhaseTrainer.backward_run`), and the steps of a predict block up to its end or the next
+metrics row through one :meth:`FusedStep.predict_block` call (:meth:`PhaseStepper.block_run`,
+booked by :meth:`PhaseTrainer.predict_block_run`): PREDICT steps, CORRECT steps (each folded into
+the predictor inside the kernel), and a forward pass for the loss of a last PREDICT step that logs a
+metrics row. Each gives the numbers of one :meth:`PhaseStepper.step` per step.
 PREDICT steps read no batch, so a block run may end on an epoch's last, partial batch. A PREDICT
 step made alone (:meth:`PhaseStepper.step` with a FusedStep) is a one-step
 :meth:`PhaseTrainer.predicted_steps` call, its forward pass (if the loss is needed) as its
@@ -127,16 +125,29 @@ class PhaseStepper:
         (:meth:`PhaseTrainer.predict_block_length`), when a FusedStep covers the model; else 0."""
         return max(0, min(limit, self.trainer.predict_block_length())) if self.fused is not None else 0
 
-    def block_run(self, X, idx, count: int, measure_last: bool = False, **targets) -> tuple[float | None, int]:
+    def block_run(self, X, idx, count: int, batch_size: int, measure_last: bool = False,
+                  **targets) -> tuple[list, int, int]:
         """``count`` (<= :meth:`block_run_length`) steps of the predict block in one call
-        (:meth:`PhaseTrainer.predict_block_run` through :meth:`FusedStep.predict_block`); ``idx``
-        int64 (B,) the rows of the last step's batch ``X[idx]``, the only one read: a CORRECT step's,
-        or with ``measure_last`` a PREDICT step's whose loss is measured; ``targets``: the labels /
-        targets / onehot arguments. Returns (the last step's loss or None, its rows whose argmax is
-        the label)."""
-        loss = self.trainer.predict_block_run(count, lambda run: self.fused.predict_block(X, idx, run, **targets),
-                                              measure_last)
-        return loss, int(self.trainer.block_result[6]) if loss is not None and math.isfinite(loss) else 0
+        (:meth:`PhaseTrainer.predict_block_run` through :meth:`FusedStep.predict_block`), step j on
+        the batch ``X[idx[j*B:(j+1)*B]]``, B = ``batch_size``; idx int64 may end with a shorter batch
+        (an epoch's last rows): if that step reads it (CORRECT, or measured) it is left for a call of
+        its own, unless it is the only one. Only CORRECT steps and, with ``measure_last``, a last
+        PREDICT step read their batch and measure a loss. ``targets``: the labels / targets / onehot
+        arguments.
+
+        Returns (the losses of the steps made, None where not measured, and if the run stopped at a
+        non-finite loss that loss last; rows whose argmax is the label over the measured batches;
+        the rows of each measured batch)."""
+        trainer, B = self.trainer, batch_size
+        full = len(idx) // B
+        if full < count:                                        # the last batch is short
+            if count == 1:
+                B, full = len(idx), 1
+            elif trainer.block_step_reads(count - 1, measure_last, count):
+                count, measure_last = count - 1, False
+        losses = trainer.predict_block_run(
+            count, lambda run: self.fused.predict_block(X, idx[:full * B], B, run, **targets), measure_last)
+        return losses, int(trainer.block_result[8]), B
 
     def _loss(self, x, y, backward: bool) -> float:
         """The batch loss; with ``backward`` also its gradient in ``grads`` (unless not finite)."""

@@ -87,7 +87,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import PredictionConfig
-from ..kernels.phase_kernels import all_finite, anchor_trend, compare_vectors, fold_correction, weighted_rows
+from ..kernels.phase_kernels import (all_finite, anchor_trend, clamp01, compare_vectors, fold_correction,
+                                     relative_error_cosine, weighted_rows)
 
 F32 = np.float32
 
@@ -263,6 +264,21 @@ class GradientPredictor:
         if self.anchor_step >= 0 and step <= self.anchor_step:
             raise ValueError(f"step: must increase, got {step} after {self.anchor_step}")
 
+    def fold_constants(self) -> tuple[float, float, float, bool]:
+        """(history_decay, correction_weight, residual_threshold, learned_gain) as :meth:`fold` uses
+        them: with :meth:`export_state`, what a kernel that predicts and folds needs
+        (:func:`qatlab.kernels.fused.predict_block`)."""
+        return self._decay, self._weight, self._threshold, self._learn_gain
+
+    def export_state(self, out: np.ndarray) -> None:
+        """out float64 (5,) = (anchor_step, correction_step, gain, sum a.p, sum p.p)."""
+        out[:] = (self.anchor_step, self.correction_step, self.gain, self._gain_num, self._gain_den)
+
+    def import_state(self, state: np.ndarray, anchor: np.ndarray) -> None:
+        """The state a kernel left (:meth:`export_state`'s layout), with ``anchor`` its anchor array."""
+        anchor_step, correction_step, self.gain, self._gain_num, self._gain_den = state.tolist()
+        self.anchor_step, self.correction_step, self.anchor = int(anchor_step), int(correction_step), anchor
+
     def adopt(self, grad: np.ndarray, step: int, block: bool) -> np.ndarray:
         """Like :meth:`push` but takes ``grad`` itself as the new anchor (no copy) and returns
         the previous anchor array for the caller to reuse."""
@@ -372,20 +388,12 @@ class GradientPredictor:
         """
         if not compared:
             compare_vectors(actual, predicted, self.scores)
-        dot, aa, pp, ee = (float(v) for v in self.scores)
-        if aa > 0:
-            rel = math.sqrt(ee / aa)
-        else:
-            rel = 0.0 if ee == 0 else math.inf
-        if aa > 0 and pp > 0:
-            cos = dot / math.sqrt(aa * pp)
-        else:
-            cos = 1.0 if aa == pp == 0 else 0.0
+        rel, cos = relative_error_cosine(self.scores)
         if self._learn_gain:
-            self._gain_num += dot
-            self._gain_den += pp
+            self._gain_num += float(self.scores[0])
+            self._gain_den += float(self.scores[2])
             if self._gain_den > 0:
-                self.gain = min(max(self._gain_num / self._gain_den, 0.0), 1.0)
+                self.gain = clamp01(self._gain_num / self._gain_den)
         reset = rel > self._threshold
         if reset:
             self.correction[:] = 0.0
