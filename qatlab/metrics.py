@@ -23,6 +23,8 @@ import threading
 import numpy as np
 
 DEFAULT_CAPACITY = 100_000
+_REAL = (int, float, np.integer, np.floating)
+_REAL_TYPES = frozenset((int, float, np.float64, np.float32, np.int64))   # checked first: the common ones
 
 
 class MetricsLog:
@@ -46,6 +48,7 @@ class MetricsLog:
         self._stride: list[int] = []          # store every stride-th row of a kind once thinned
         self._n = 0          # rows stored
         self._next_id = 0    # rows ever appended
+        self._plans: dict[tuple, tuple] = {}   # row keys in order -> (kind, its columns, the others)
 
     def append(self, row: dict) -> None:
         """Append one row: ``{column_name: number}``; non-finite values are kept as given.
@@ -54,15 +57,14 @@ class MetricsLog:
         left untouched (no row id used, no column created).
         """
         for key, value in row.items():
-            if not isinstance(value, (int, float, np.integer, np.floating)):
+            if value.__class__ not in _REAL_TYPES and not isinstance(value, _REAL):
                 raise TypeError(f"row[{key!r}]: expected a real number, got {type(value).__name__}")
+        keys = tuple(row)
         with self._lock:
+            plan = self._plans.get(keys) or self._plan(keys)
+            kind = plan[0]
             row_id = self._next_id
             self._next_id += 1
-            kind = self._kinds.setdefault(frozenset(row), len(self._kinds))
-            if kind == len(self._count):
-                self._count.append(0)
-                self._stride.append(1)
             seq = self._count[kind]
             self._count[kind] += 1
             if seq % self._stride[kind]:
@@ -73,21 +75,38 @@ class MetricsLog:
                     return
             if self._n == len(self._cols["row_id"]):
                 self._grow()
+                plan = self._plan(keys)
             n = self._n
-            size = len(self._cols["row_id"])
-            for key, value in row.items():
-                col = self._cols.get(key)
-                if col is None:
-                    col = self._cols[key] = np.full(size, np.nan)
+            _, cols, others = plan
+            for col, value in zip(cols, row.values()):
                 col[n] = value
-            for key, col in self._cols.items():
-                if key not in row:
-                    col[n] = np.nan
+            for col in others:
+                col[n] = np.nan
             self._cols["row_id"][n] = row_id
             self._kind[n], self._seq[n] = kind, seq
             self._n = n + 1
 
+    def _plan(self, keys: tuple) -> tuple:
+        """Where a row with these keys (in this order) goes: (its kind, its columns in key order,
+        the other columns), creating missing columns (NaN-filled); cached until the columns change."""
+        kind = self._kinds.setdefault(frozenset(keys), len(self._kinds))
+        if kind == len(self._count):
+            self._count.append(0)
+            self._stride.append(1)
+        size = len(self._cols["row_id"])
+        if any(key not in self._cols for key in keys):
+            self._plans.clear()                  # every cached plan lacks the new columns
+            for key in keys:
+                if key not in self._cols:
+                    self._cols[key] = np.full(size, np.nan)
+        wanted = set(keys)
+        plan = (kind, [self._cols[key] for key in keys],
+                [col for key, col in self._cols.items() if key not in wanted and key != "row_id"])
+        self._plans[keys] = plan
+        return plan
+
     def _grow(self) -> None:
+        self._plans.clear()                      # the columns are new arrays
         new_size = min(2 * len(self._cols["row_id"]), self.capacity)
         for key, col in self._cols.items():
             grown = np.full(new_size, np.nan)

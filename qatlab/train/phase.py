@@ -810,7 +810,8 @@ class PhaseTrainer:
         t0 = _clock()
         pred.prepare()
         first, pos, every = self._total, self._pos + 1, self._correct_every
-        reads = [j for j in range(count) if self.block_step_reads(j, measure_last, count)]
+        last_correct = (pos + count - 1) // every * every - pos     # its index in the run (< 0: none)
+        last_read = count - 1 if measure_last else max(last_correct, -1)
         state, result = self._block_state, self._block_result
         pred.export_state(state)
         if len(self._corrections) < count:
@@ -819,7 +820,7 @@ class PhaseTrainer:
         made = make_steps(PredictBlock(pred.anchor, self._real, pred.trend, pred.correction, self._pred, pred.scores,
                                        first, pos, every, pred.has_trend, *pred.fold_constants(), self._max_grad_norm,
                                        self._max_grad_norm, measure_last, state, result, self._corrections, count,
-                                       reads[-1] if reads else -1))
+                                       last_read))
         t_kernel = _clock()
         _, clipped, norm, loss, _, _, _, n_corr, _, _, correct_ns, bad_gradient, _ = result.tolist()
         losses, booked, n_corr = [None] * made, 0, int(n_corr)
@@ -827,11 +828,16 @@ class PhaseTrainer:
             j = int(j)
             if j > booked:
                 self._book_run(TrainingPhase.PREDICT, j - booked)
-            self._micro_batches += 1
             self._clipped += 0 < self._max_grad_norm < math.sqrt(sumsq)
-            self._note_correction(CorrectionResult(first + j, rel, cos, bool(reset)))
+            self._corr_resets += int(reset)
+            self._corr_err += rel
+            self._corr_cos += cos
             self._book_run(TrainingPhase.CORRECT, 1, [c_loss])
             losses[j], booked = c_loss, j + 1
+        if n_corr:                          # as _note_correction for each
+            self._micro_batches += n_corr
+            self._corr_n += n_corr
+            self._last_correction = CorrectionResult(first + j, rel, cos, bool(reset))
         if made > booked:
             measured = measure_last and made == count
             if made - measured > booked:
