@@ -274,18 +274,20 @@ class Optimizer:
         fused_row(self._code, self.fused_constants(), self.t + 1 + ahead, float(lr), sc)
         return sc
 
-    def fused_run_scalars(self, out: np.ndarray, lr_scale: float = 1.0) -> list[float]:
+    def fused_run_scalars(self, out: np.ndarray, lr_scale: float = 1.0) -> np.ndarray:
         """Learning rates and kernel scalars of the next ``len(out)`` steps, for a kernel that makes
         them in one call: step j runs at ``lr_j = schedule(t + j) * lr_scale`` with
-        ``out[j] = fused_scalars(lr_j, ahead=j)`` (out float64 (steps, 8)). Returns the ``lr_j``;
-        call :meth:`fused_done` (lr_j, its norm) for each step made. Changes nothing else."""
+        ``out[j] = fused_scalars(lr_j, ahead=j)`` (out float64 (steps, 8)). Returns the ``lr_j``
+        (float64 (steps,)); call :meth:`fused_done` for the steps made. Changes nothing else."""
         if not (isinstance(out, np.ndarray) and out.dtype == np.float64 and out.ndim == 2 and out.shape[1] == 8):
             raise ValueError(f"out: expected a float64 array of shape (steps, 8), got {getattr(out, 'shape', out)!r}")
-        lr_scale = _check_number("lr_scale", lr_scale, 0.0, math.inf, hi_open=True)
-        t = self.t
-        lrs = [self.schedule(t + j) * lr_scale for j in range(len(out))]
-        if lrs:      # fused_scalars(lr_j, ahead=j) of each step, in one call
-            fused_rows(self._code, self.fused_constants(), t + 1, np.array(lrs), out)
+        if lr_scale.__class__ is not float or lr_scale != 1.0:
+            lr_scale = _check_number("lr_scale", lr_scale, 0.0, math.inf, hi_open=True)
+            lrs = self.schedule.rates(self.t, len(out))
+            lrs *= lr_scale
+        else:
+            lrs = self.schedule.rates(self.t, len(out))
+        fused_rows(self._code, self.fused_constants(), self.t + 1, lrs, out)   # fused_scalars of each step
         return lrs
 
     def fused_done(self, lr: float, grad_norm: float, steps: int = 1) -> None:

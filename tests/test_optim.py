@@ -181,7 +181,7 @@ def test_fused_run_scalars_are_the_next_steps_fused_scalars(make, kind):
         opt.t = t
         out = np.full((4, 8), np.nan)
         lrs = opt.fused_run_scalars(out, lr_scale=scale)
-        assert lrs == [opt.schedule(t + j) * scale for j in range(4)] and opt.t == t
+        assert lrs.tolist() == [opt.schedule(t + j) * scale for j in range(4)] and opt.t == t
         for j, lr in enumerate(lrs):
             np.testing.assert_array_equal(out[j], opt.fused_scalars(lr, ahead=j))
     if isinstance(opt, Adam):        # betas changed after construction are used
