@@ -324,7 +324,7 @@ class GradientPredictor:
 
     def _update_trend(self) -> None:
         coeffs = self.trend_coefficients()
-        self.has_trend = bool(np.any(coeffs != 0.0))
+        self.has_trend = any(c != 0.0 for c in coeffs.tolist())
         if self.has_trend:
             weighted_rows(self.history, coeffs, self.trend)
         self._trend_stale = False
