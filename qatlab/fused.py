@@ -27,7 +27,8 @@ import math
 import numpy as np
 
 from . import parallel
-from .kernels.fused import BACKWARD, FORWARD, UPDATE, batch_rows_error, predict_block, train_step, train_steps
+from .kernels.fused import (BACKWARD, FORWARD, LAYER_SUMS, UPDATE, batch_rows_error, predict_block, train_step,
+                            train_steps)
 from .nn import _f32_2d, _labels
 from .quant import TernaryQuantizer
 
@@ -88,6 +89,7 @@ class FusedStep:
         self._batch_bufs = {}
         self._block = (np.zeros((0, 8)), np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
         self._predict = (np.zeros((0, 8)), np.zeros(0), np.zeros(0))
+        self.row_sums = np.zeros((0, LAYER_SUMS * L))   # predict_block's metrics-row sums
         self.losses, self.correct, self.stash_sumsqs = self._block[1], self._block[2], self._block[4]   # last steps()
 
     def _batch_rows(self, B):
@@ -181,8 +183,10 @@ class FusedStep:
         steps, each prediction written into the gradient buffer (``grads.flat()``) and its update
         made through this step's optimizer at ``run``'s gain times the scheduled learning rate (no
         update at gain 0), and CORRECT steps (UPDATE steps with the staging buffer as the stash,
-        clipped, then folded into the predictor); with ``run.measure_last`` a last PREDICT step
-        first measures its loss (a forward pass).
+        clipped, then folded into the predictor); the steps in ``run.rows`` log a metrics row, a
+        PREDICT one after measuring its loss (a forward pass): the kernel writes ``run.row_out`` and
+        this step's :attr:`row_sums` (float64 (rows, LAYER_SUMS * layers): each layer's
+        :func:`~qatlab.kernels.fused.layer_sums` after that step).
 
         Step j's batch is ``X[idx[j*B:(j+1)*B]]``, B = ``batch_size`` (idx int64; labels / targets /
         onehot as in :meth:`steps`); only the batches of CORRECT steps and the measured one are
@@ -205,13 +209,15 @@ class FusedStep:
         xb, lab, tgt = self._batch_buffers(B)
         hs, ds = self._batch_rows(B)
         code, s0, s1 = self._opt_kernel
-        result = run.result
+        result, n_rows = run.result, len(run.rows)
+        if len(self.row_sums) < n_rows:
+            self.row_sums = np.zeros((n_rows, LAYER_SUMS * self.mlp.num_layers))
         predict_block(run.anchor, run.staging, run.trend, run.correction, run.pred, run.scores, run.first, run.pos,
                       run.every, run.has_trend, run.decay, run.weight, run.threshold, run.learn_gain, run.max_norm,
-                      run.clip, run.measure_last, run.state, self._grads, X, labels, targets, idx, onehot, xb, lab, tgt,
+                      run.clip, run.rows, run.state, self._grads, X, labels, targets, idx, onehot, xb, lab, tgt,
                       self.mlp._act, self._ternary, self._stes, self._alphas, self._ws, self._bs, self._wqs, hs, ds,
                       self._dws, self._dbs, code, s0, s1, opt.fused_constants(), opt.t, lrs, self._params, self._grads,
-                      scs, ks, cs, result, run.corrections)
+                      scs, ks, cs, result, run.corrections, run.row_out, self.row_sums)
         if result[12]:
             self._after(xb, hs)
         if result[4]:

@@ -14,7 +14,7 @@ from qatlab.fused import FusedStep
 from qatlab.nn import Mlp
 from qatlab.optim import Adam
 from qatlab.quant import TernaryQuantizer
-from qatlab.train.experiment import _Loss
+from qatlab.train.experiment import _layer_row_of_sums, _Loss, layer_row
 from qatlab.train.phase_loop import PhaseStepper
 
 SIZES, B, N = [12, 16, 5], 4, 64
@@ -91,7 +91,7 @@ def test_runs_match_step_by_step(predictor, warmup, limit, loss):
     order = np.random.default_rng(1).integers(0, N, 400 * B)
     rng, rng_rows = np.random.default_rng(2), np.random.default_rng(3)
     losses1, losses2 = [], []
-    made = {"backward": 0, "alone": 0, "no read": 0, "measured": 0, "ends CORRECT": 0, "2+ CORRECT": 0,
+    made = {"backward": 0, "alone": 0, "no read": 0, "rows": 0, "2+ rows": 0, "ends CORRECT": 0, "2+ CORRECT": 0,
             "short batch": 0}
     step = 0
     while step < 300:
@@ -108,26 +108,36 @@ def test_runs_match_step_by_step(predictor, warmup, limit, loss):
             needs = [True] * n
         else:
             n = runs.block_run_length(limit)
-            measure = bool(rng.integers(2))
-            corrects = [runs.trainer.block_step_reads(j, False, n) for j in range(n)]
+            rows = sorted(set(rng.integers(0, n, int(rng.integers(0, 3))).tolist()))   # steps logging a row
+            corrects = [runs.trainer.block_step_is_correct(j) for j in range(n)]
             short = int(rng_rows.choice([B, B // 2]))  # an epoch's last batch may be shorter
-            losses, right, rows = runs.block_run(X, idx[:(n - 1) * B + short], n, B, measure_last=measure, **targets)
+            losses, right, batch, records = runs.block_run(X, idx[:(n - 1) * B + short], n, B, rows=rows, **targets)
             dropped = len(losses) < n              # its step read the short batch: left for the next call
-            n, measure = len(losses), measure and not dropped
-            sizes = [B] * (n - 1) + [rows]
-            needs = [corrects[j] or (measure and j == n - 1) for j in range(n)]
+            n = len(losses)
+            rows = [j for j in rows if j < n]
+            assert [r[0] for r in records] == rows
+            sizes = [B] * (n - 1) + [batch]
+            needs = [corrects[j] or j in rows for j in range(n)]
             losses2 += losses
             made["no read"] += not any(needs)
-            made["measured"] += measure and not corrects[n - 1]
+            made["rows"] += len(rows) > 0
+            made["2+ rows"] += len(rows) > 1
             made["ends CORRECT"] += corrects[n - 1]
             made["2+ CORRECT"] += sum(corrects[:n]) >= 2
-            made["short batch"] += rows < B or dropped
+            made["short batch"] += batch < B or dropped
             want_right = 0
         for j in range(n):
-            rows = idx[j * B:j * B + (sizes[j] if sizes else B)]
-            losses1.append(_protocol_step(one, opt1, X[rows], y[rows], need_loss=needs[j]))
+            batch_rows = idx[j * B:j * B + (sizes[j] if sizes else B)]
+            losses1.append(_protocol_step(one, opt1, X[batch_rows], y[batch_rows], need_loss=needs[j]))
             if sizes and needs[j]:
-                want_right += int(np.sum(np.argmax(one.scratch.output(), axis=1) == y[rows]))
+                want_right += int(np.sum(np.argmax(one.scratch.output(), axis=1) == y[batch_rows]))
+            if sizes and j in rows:                # the row the kernel logged: what the live objects give
+                _, loss, _, sums, columns = records[rows.index(j)]
+                want = [layer_row(one.mlp, one.grads, one.scratch, i) for i in range(one.mlp.num_layers)]
+                got = [_layer_row_of_sums(one.mlp, i, sums[8 * i:8 * i + 8])[0] for i in range(one.mlp.num_layers)]
+                want_columns, _ = one.metrics(), columns.pop("speedup_wall")
+                want_columns.pop("speedup_wall")
+                assert (got, columns, loss) == (want, want_columns, losses1[-1])
         if sizes:
             assert right == want_right
         step += n
@@ -135,7 +145,9 @@ def test_runs_match_step_by_step(predictor, warmup, limit, loss):
     assert losses1 == losses2
     if limit < 2 * 4:                                # correct_every = 4: two CORRECT steps need 5 to 8 steps
         made.pop("2+ CORRECT")
-    assert made["backward"] > 20 and min(made.values()) > 1, made   # every kind of run was made
+    if limit < 3:
+        made.pop("2+ rows")
+    assert made["backward"] > 20 and min(made.values()) > 0, made   # every kind of run was made
     assert one.trainer.get_stats().mean_loss["predict"] > 0          # PREDICT steps measured losses
     assert one.trainer.get_stats().cycles > 5
 
@@ -192,6 +204,10 @@ def test_run_api_errors_leave_state_untouched():
         stepper.block_run(X, np.full(3 * B, N, dtype=np.int64), 3, B, labels=y)     # its step 2 is CORRECT
     with pytest.raises(ValueError, match="idx"):                   # a batch it reads is missing
         trainer.predict_block_run(3, lambda run: stepper.fused.predict_block(X, np.arange(B), B, run, labels=y))
+    with pytest.raises(ValueError, match="rows"):
+        trainer.predict_block_run(3, lambda run: 0, rows=[2, 1])
+    with pytest.raises(ValueError, match="rows"):
+        trainer.predict_block_run(3, lambda run: 0, rows=[3])
     with pytest.raises(ValueError, match="batch_size"):
         trainer.predict_block_run(3, lambda run: stepper.fused.predict_block(X, np.arange(3 * B), 0, run, labels=y))
     _same(before, _state(stepper, opt))
@@ -342,7 +358,7 @@ def test_a_block_run_stops_at_a_non_finite_loss_and_books_the_steps_before_it(co
     for j in range(bad_step):
         rows = order[j * B:(j + 1) * B]
         _protocol_step(one, opt1, X[rows], y[rows], need_loss=j == 3)
-    losses, right, _ = runs.block_run(X, order, count, B, measure_last=measure, labels=y)
+    losses, right, _, _ = runs.block_run(X, order, count, B, rows=[count - 1] if measure else [], labels=y)
     assert len(losses) == bad_step + 1 and math.isnan(losses[-1])
     assert [v is None for v in losses[:-1]] == [j != 3 for j in range(bad_step)]     # step 3 is CORRECT
     _same(_state(one, opt1), _state(runs, opt2))
@@ -383,7 +399,7 @@ def test_a_block_run_splits_its_seconds_by_the_kernel_clock(monkeypatch):
         run.result[9], run.result[10] = 100e6, 250e6    # 0.1 s predicting, 0.25 s in the CORRECT steps
         return made
 
-    assert trainer.predict_block_run(8, kernel) == [None] * 3 + [ANY_LOSS] + [None] * 3 + [ANY_LOSS]
+    assert trainer.predict_block_run(8, kernel)[0] == [None] * 3 + [ANY_LOSS] + [None] * 3 + [ANY_LOSS]
     stats = trainer.get_stats()
     assert stats.predict_seconds == pytest.approx(0.5 - 0.25)
     assert stats.backward_seconds - seconds == pytest.approx(0.25 + 0.5)

@@ -24,13 +24,13 @@ import numpy as np
 from numba import njit
 
 from .dense import (IDENTITY, act_backward_inplace, bias_act_inplace, count_correct, mse, softmax_cross_entropy,
-                    sum_squares)
-from .fakequant import ternary_backward, ternary_forward
+                    sum_squares, two_sign_counts)
+from .fakequant import fq_noise_saturation, ternary_backward, ternary_forward
 from .optim_kernels import (_adam_kernel, _momentum_kernel, _sgd_kernel, adam_constants, adam_element, fused_row,
                             momentum_constants, momentum_element, sgd_constants, sgd_element)
 from .clock import monotonic_ns
-from .phase_kernels import (anchor_trend, compare_vectors, copy_sum_squares, fold_correction, norms3, prediction,
-                            relative_error_cosine)
+from .phase_kernels import (anchor_trend, clamp01, compare_vectors, copy_sum_squares, fold_correction, norms3,
+                            prediction, relative_error_cosine)
 
 FORWARD, BACKWARD, UPDATE = 0, 1, 2   # how far a step goes: loss only, + gradients, + optimizer update
 
@@ -273,11 +273,38 @@ def _predicted_run(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, op
     return clipped, norm, opt_norm
 
 
+LAYER_SUMS = 8   # layer_sums' numbers per layer
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def layer_sums(w, dw, used, ternary, alpha, out):
+    """A metrics row's sums of one layer into out float64 (LAYER_SUMS,): the sum of squares of its
+    weight gradient dw, the count of its non-zero entries, the negative and the positive entries of
+    the weights it used (``used``), then for a ternary layer (``ternary``) fq_noise_saturation of
+    its latent weights w at ``alpha`` (float32: noise, saturated count, signal) and alpha; zeros
+    for a float layer. w, dw, used float32 (n,)."""
+    g_neg, g_pos, neg, pos = two_sign_counts(dw, used)
+    out[0], out[1], out[2], out[3] = sum_squares(dw), g_neg + g_pos, neg, pos
+    out[4:] = 0.0
+    if ternary:
+        out[4], out[5], out[6] = fq_noise_saturation(w, np.float32(1.0) / alpha, alpha, np.float32(0.0),
+                                                     np.float32(-1.0), np.float32(1.0))
+        out[7] = alpha
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _row_sums(ws, dws, wqs, ternary, alphas, out):
+    """:func:`layer_sums` of every layer into out[LAYER_SUMS * i:]."""
+    for i in range(len(ws)):
+        layer_sums(ws[i].reshape(ws[i].size), dws[i].reshape(dws[i].size), wqs[i].reshape(wqs[i].size), ternary[i],
+                   alphas[i], out[LAYER_SUMS * i:LAYER_SUMS * (i + 1)])
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every, has_trend, decay, weight, threshold,
-                  learn_gain, max_norm, clip, measure_last, pstate, out, X, Y, T, idx, mse_loss, xb, labels, targets,
+                  learn_gain, max_norm, clip, rows, pstate, out, X, Y, T, idx, mse_loss, xb, labels, targets,
                   act, ternary, stes, alphas, ws, bs, wqs, hs, ds, dws, dbs, opt, state0, state1, consts, t0, lrs, p,
-                  g, scs, ks, cs, result, corrections):
+                  g, scs, ks, cs, result, corrections, row_out, row_sums):
     """``len(lrs)`` steps of phase training's predict block in one call, from step ``first`` at block
     position ``pos`` (1-based): the step at position j is CORRECT when ``j % every == 0``, else
     PREDICT; each one as PhaseTrainer's per-step protocol makes it, timed by kind.
@@ -290,19 +317,24 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
     s predicts ``anchor_trend(anchor, trend, k, corr, c)`` with k = s - anchor_step (0 without a
     trend: ``has_trend``), c = decay^(s - correction_step) (0 with none).
 
-    - PREDICT: :func:`predicted_steps` (gain, max_norm) at ``lrs[u] * gain``; with ``measure_last``
-      the run's last step, if PREDICT, first measures its loss: a forward pass on its batch.
+    - PREDICT: :func:`predicted_steps` (gain, max_norm) at ``lrs[u] * gain``.
     - CORRECT: :func:`train_step` UPDATE at ``lrs[u]``, its real gradient into staging, clipped to
       ``clip``; then its prediction and the fold of GradientPredictor.fold: relative error, cosine,
       the gain (``learn_gain``: clamp(sum a.p / sum p.p, 0, 1)), and the correction reset
       (relative error > ``threshold``) or folded (``weight``); then the swap of anchor and staging.
+    - ``rows`` int64 (r,), increasing: the steps (run indices) that log a metrics row. A PREDICT one
+      first measures its loss (a forward pass on its batch); after the step, row_out[c] (float64
+      (r, 4)) receives its loss, nanoseconds since the call began, the gain and the norm of its
+      gradient (gain * prediction, or the real one), and row_sums[c] (float64 (r, LAYER_SUMS *
+      layers)) :func:`layer_sums` of each layer (its weights, gradient -- the prediction on a
+      PREDICT step -- and used weights).
 
     u counts the optimizer updates made (none at gain 0): update u is the optimizer's step t0 + u
     + 1 at the learning rate lrs[u] (float64 (steps,): the schedule's at t0 + u) times the gain,
     its scalars from :func:`~qatlab.kernels.optim_kernels.fused_row` (opt, consts) into scs
     (float64 (steps, 8) scratch). ks, cs float64 (steps,) scratch. Batch j (of step j) is rows
     ``idx[j*B:(j+1)*B]`` of X (B = xb's rows; Y, T, mse_loss, xb, labels, targets as in
-    :func:`train_steps`; only the batches of CORRECT steps and the measured one are read).
+    :func:`train_steps`; only the batches of CORRECT steps and measured ones are read).
 
     result float64 (13,) receives: steps made, PREDICT steps clipped, the last step's gradient norm
     (gain * prediction, or the real one), the last measured loss (NaN if none), optimizer updates
@@ -310,9 +342,8 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
     CORRECT steps made, rows whose argmax is the label over the measured batches, nanoseconds in
     PREDICT and in CORRECT steps (:func:`qatlab.kernels.clock.monotonic_ns`), 1.0 if it stopped at
     a CORRECT step whose loss is finite and gradient not (else 0.0), and the forward passes run
-    (the batches read). corrections float64
-    (steps, 6): row c = the c-th CORRECT step's (run index, loss, sum of squares of its gradient,
-    relative error, cosine, 1.0 if the correction was reset).
+    (the batches read). corrections float64 (steps, 6): row c = the c-th CORRECT step's (run index,
+    loss, sum of squares of its gradient, relative error, cosine, 1.0 if the correction was reset).
 
     Stops before a step whose loss (or an alpha) is not finite, and before a CORRECT step whose
     gradient is not finite: neither makes an update, and the steps made are the ones before.
@@ -323,15 +354,15 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
     result[:] = 0.0
     result[2] = result[3] = result[5] = result[6] = math.nan
     a_buf, s_buf = anchor, staging
-    u = made = n_corr = right = 0
+    u = made = n_corr = right = ri = 0
     ns_correct = 0
     has_labels = Y.shape[0] > 0
-    while made < count:
+    stopped = False
+    while made < count and not stopped:
         j = made
         while j < count and (pos + j) % every != 0:
             j += 1
         n = j - made                                   # PREDICT steps before step j (CORRECT, or the end)
-        measured = j == count and measure_last
         if n > 0:
             for q in range(n):
                 step = first + made + q
@@ -341,35 +372,44 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
             for q in range(n_upd):
                 fused_row(opt, consts, t0 + u + q + 1, lrs[u + q] * gain, scs[q])
             bounds = _clip_bounds(a_buf, trend, corr, gain, max_norm)
-            plain = n - 1 if measured else n
-            if plain > 0:
-                clipped, result[2], opt_norm = _predicted_run(a_buf, trend, ks[:plain], corr, cs[:plain], gain,
-                                                              max_norm, out, opt, state0, state1, p,
-                                                              scs[:min(plain, n_upd)], bounds)
-                result[1] += clipped
-                made += plain
-                if n_upd:
-                    u += plain
-                    result[5], result[6] = lrs[u - 1] * gain, opt_norm
-            if measured:
+            q, base = 0, made
+            while q < n:
+                row = ri < rows.shape[0] and rows[ri] < base + n    # the next row's step is in this stretch
+                end = rows[ri] - base if row else n
+                if end > q:                                    # the PREDICT steps before it
+                    clipped, result[2], opt_norm = _predicted_run(a_buf, trend, ks[q:end], corr, cs[q:end], gain,
+                                                                  max_norm, out, opt, state0, state1, p,
+                                                                  scs[q:min(end, n_upd)], bounds)
+                    result[1] += clipped
+                    made += end - q
+                    if n_upd:
+                        u += end - q
+                        result[5], result[6] = lrs[u - 1] * gain, opt_norm
+                if not row:
+                    break
                 step_labels, step_targets = _gather(X, Y, T, idx, made, mse_loss, xb, labels, targets)
                 loss = train_step(xb, step_labels, step_targets, FORWARD, act, ternary, stes, alphas, ws, bs, wqs,
                                   hs, ds, dws, dbs, opt, state0, state1, p, g, scs[0], s_buf, 0.0)[0]
                 result[3] = loss
                 result[12] += 1
                 if not np.isfinite(loss):
+                    stopped = True
                     break
                 if has_labels:
                     right += count_correct(hs[len(hs) - 1], labels)
-                clipped, result[2], opt_norm = _predicted_run(a_buf, trend, ks[n - 1:n], corr, cs[n - 1:n], gain,
-                                                              max_norm, out, opt, state0, state1, p,
-                                                              scs[plain:n_upd], bounds)
+                clipped, result[2], opt_norm = _predicted_run(a_buf, trend, ks[end:end + 1], corr, cs[end:end + 1],
+                                                              gain, max_norm, out, opt, state0, state1, p,
+                                                              scs[end:min(end + 1, n_upd)], bounds)
                 result[1] += clipped
                 made += 1
                 if n_upd:
                     u += 1
                     result[5], result[6] = lrs[u - 1] * gain, opt_norm
-        if j == count:
+                _log_row(row_out[ri], row_sums[ri], loss, monotonic_ns() - t_start, gain, result[2], ws, dws, wqs,
+                         ternary, alphas)
+                ri += 1
+                q = end + 1
+        if stopped or j == count:
             break
         t_correct = monotonic_ns()                     # the CORRECT step j
         step = first + j
@@ -395,7 +435,7 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
             g_num += scores[0]
             g_den += scores[2]
             if g_den > 0:
-                gain = min(max(g_num / g_den, 0.0), 1.0)
+                gain = clamp01(g_num / g_den)
         reset = rel > threshold
         if reset:
             corr[:] = 0.0
@@ -409,7 +449,18 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
         a_buf, s_buf = s_buf, a_buf                    # the real gradient is the anchor now
         anchor_step = step
         made = j + 1
+        if ri < rows.shape[0] and rows[ri] == j:
+            _log_row(row_out[ri], row_sums[ri], loss, monotonic_ns() - t_start, gain, result[2], ws, dws, wqs,
+                         ternary, alphas)
+            ri += 1
         ns_correct += monotonic_ns() - t_correct
     pstate[0], pstate[1], pstate[2], pstate[3], pstate[4] = anchor_step, corr_step, gain, g_num, g_den
     result[0], result[4], result[7], result[8] = made, u, n_corr, right
     result[9], result[10] = monotonic_ns() - t_start - ns_correct, ns_correct
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _log_row(out, sums, loss, ns, gain, norm, ws, dws, wqs, ternary, alphas):
+    """predict_block's row_out and row_sums entries of a metrics row."""
+    out[0], out[1], out[2], out[3] = loss, ns, gain, norm
+    _row_sums(ws, dws, wqs, ternary, alphas, sums)

@@ -36,10 +36,11 @@ from ..data import Dataset, load_dataset
 from ..fpmode import subnormals_flushed
 from ..fused import FusedStep
 from ..kernels.dense import count_correct, sum_squares, two_sign_counts
+from ..kernels.fused import LAYER_SUMS, layer_sums
 from ..metrics import MetricsLog
 from ..nn import Mlp, cross_entropy_loss, mse_loss
 from ..optim import make_optimizer
-from ..quant import FLOAT32_EPS, FakeQuantize, TernaryQuantizer
+from ..quant import FLOAT32_EPS, FakeQuantize, TernaryQuantizer, _noise_stats
 from .build import build_model, set_observing
 
 EVAL_CHUNK = 1024
@@ -183,15 +184,43 @@ def _layer_row(mlp: Mlp, grads, scratch, i: int) -> tuple[dict, int]:
     """(:func:`layer_row`, count of non-zero (and not NaN) weight gradients of layer i)."""
     k = _layer_keys(i)
     w, dw, used = mlp.weights(i), grads.d_weights(i).reshape(-1), scratch.weights_used(i)
+    q = mlp.weight_quantizers[i]
+    if q is None or isinstance(q, TernaryQuantizer):    # one kernel, as phase training's block runs log rows
+        sums = np.empty(LAYER_SUMS)
+        layer_sums(w.reshape(-1), dw, used.reshape(-1), q is not None, np.float32(q.alpha if q else 0.0), sums)
+        return _layer_row_of_sums(mlp, i, sums)
     g_neg, g_pos, neg, pos = two_sign_counts(dw, used.reshape(-1))
     row = {k["grad_norm"]: math.sqrt(sum_squares(dw))}
-    q = mlp.weight_quantizers[i]
-    if q is not None:
-        row[k["noise_mse"]], row[k["sqnr_db"]], row[k["saturation"]] = q.noise_stats(w)
-        row[k["scale"]] = q.alpha if isinstance(q, TernaryQuantizer) else float(np.mean(q.scale))
+    row[k["noise_mse"]], row[k["sqnr_db"]], row[k["saturation"]] = q.noise_stats(w)
+    row[k["scale"]] = float(np.mean(q.scale))
     n = used.size
     row[k["frac_neg"]], row[k["frac_zero"]], row[k["frac_pos"]] = neg / n, (n - neg - pos) / n, pos / n
     return row, g_neg + g_pos
+
+
+def _layer_row_of_sums(mlp: Mlp, i: int, sums: np.ndarray) -> tuple[dict, int]:
+    """:func:`_layer_row` of a layer with a ternary quantizer or none, from its
+    :func:`~qatlab.kernels.fused.layer_sums` ``sums``."""
+    k = _layer_keys(i)
+    sumsq, g_nonzero, neg, pos, noise, saturated, signal, alpha = sums.tolist()
+    row = {k["grad_norm"]: math.sqrt(sumsq)}
+    n = mlp.weights(i).size
+    if mlp.weight_quantizers[i] is not None:
+        row[k["noise_mse"]], row[k["sqnr_db"]], row[k["saturation"]] = _noise_stats(noise, saturated, signal, n)
+        row[k["scale"]] = alpha
+    row[k["frac_neg"]], row[k["frac_zero"]], row[k["frac_pos"]] = neg / n, (n - neg - pos) / n, pos / n
+    return row, int(g_nonzero)
+
+
+def _metrics_row(step: int, epoch: float, elapsed: float, loss, lr: float, layers: dict, nonzero: int,
+                 n_weights: int, phase_columns: dict | None) -> dict:
+    """A per-step metrics row (see :func:`train_experiment`)."""
+    row = {"step": step, "epoch": epoch, "time": elapsed, "loss": loss, "lr": lr,
+           "steps_per_second": step / elapsed if elapsed > 0 else math.nan,
+           "active_grad_fraction": nonzero / n_weights, **layers}   # weights with a non-zero gradient
+    if phase_columns is not None:
+        row.update(phase_columns)
+    return row
 
 
 def train_experiment(cfg: ExperimentConfig, log: MetricsLog | None = None, report=None,
@@ -265,7 +294,7 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
                 status, message = "stopped", f"stopped by request at step {step}"
                 break
             # runs of full batches in one call, up to the next metrics row (module doc)
-            left = data.n_train - pos
+            left, logged = data.n_train - pos, -1
             to_row = _run_limit(step, every, left // bs)
             run = 0
             if block is not None and to_row:
@@ -279,14 +308,24 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
                         phase.backward_run(data.X_train, idx, run, **block)
                 losses, lr, n_rows = fused.losses.tolist(), opt.schedule(t_before + len(fused.losses) - 1), bs
                 correct, counted, used = int(fused.correct.sum()), len(losses) * bs, len(losses) * bs
-            # a predict block: its PREDICT steps read no batch, so its run may end on the epoch's partial batch
-            elif phase is not None and (run := phase.block_run_length(_run_limit(step, every, -(-left // bs)))):
-                lr, last = opt.lr, step + run - 1   # PREDICT steps measure a loss only for a metrics row
+            # a predict block, to its end or the epoch's: its PREDICT steps read no batch (the run may end on
+            # the epoch's partial batch) but the ones that log a metrics row, which the kernel measures
+            elif phase is not None and (run := phase.block_run_length(-(-left // bs))):
+                lr, before = opt.lr, time.perf_counter() - t0
+                rows = [j for j in range(run) if (step + j + 1) % every == 0 or step + j == 0]
                 with STEP_SLOTS:
-                    losses, correct, n_rows = phase.block_run(data.X_train, order[pos: pos + run * bs], run, bs,
-                                                              measure_last=(last + 1) % every == 0 or last == 0,
-                                                              **block)
+                    losses, correct, n_rows, records = phase.block_run(data.X_train, order[pos: pos + run * bs], run,
+                                                                       bs, rows=rows, **block)
                 counted, used = n_rows * sum(v is not None for v in losses), min(len(losses) * bs, left)
+                for j, row_loss, seconds, sums, columns in records:
+                    layers, nonzero = {}, 0
+                    for i in range(mlp.num_layers):
+                        layer, nz = _layer_row_of_sums(mlp, i, sums[LAYER_SUMS * i:LAYER_SUMS * (i + 1)])
+                        layers.update(layer)
+                        nonzero += nz
+                    log.append(_metrics_row(step + j + 1, epoch + min(pos + (j + 1) * bs, left + pos) / data.n_train,
+                                            before + seconds, row_loss, lr, layers, nonzero, n_weights, columns))
+                logged = step + len(losses)
             else:
                 idx = order[pos: pos + bs]
                 xb = data.X_train.take(idx, axis=0, out=xbuf[: len(idx)])   # the method: np.take's
@@ -321,18 +360,14 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
             acc_correct += correct
             acc_rows += counted
             elapsed = time.perf_counter() - t0
-            if step % every == 0 or step == 1:
+            if (step % every == 0 or step == 1) and step != logged:       # (a block run logs its own rows)
                 layers, nonzero = {}, 0
                 for i in range(mlp.num_layers):
                     layer, nz = _layer_row(mlp, grads, scratch, i)
                     layers.update(layer)
                     nonzero += nz
-                row = {"step": step, "epoch": epoch + pos / data.n_train, "time": elapsed,
-                       "loss": loss, "lr": lr, "steps_per_second": step / elapsed if elapsed > 0 else math.nan,
-                       "active_grad_fraction": nonzero / n_weights, **layers}   # weights with a non-zero gradient
-                if phase is not None:
-                    row.update(phase.metrics())
-                log.append(row)
+                log.append(_metrics_row(step, epoch + pos / data.n_train, elapsed, loss, lr, layers, nonzero, n_weights,
+                                        None if phase is None else phase.metrics()))
             if publish_weights is not None and elapsed - last_snap >= SNAPSHOT_SECONDS:
                 last_snap = elapsed
                 publish_weights({f"layer{i}": (mlp.weights(i).copy(), scratch.weights_used(i).copy())

@@ -159,9 +159,9 @@ class PredictBlock(NamedTuple):
     :func:`qatlab.kernels.fused.predict_block` that describe the run (see there): the predictor's
     arrays, the ``count`` steps from step ``first`` at block position ``pos`` (CORRECT every
     ``every``), the prediction's and the fold's constants, the clipping of PREDICT (``max_norm``)
-    and CORRECT (``clip``) steps, ``measure_last``, the predictor's ``state`` (in/out) and the
-    ``result`` / ``corrections`` buffers; ``last_read``: the index of the last step that reads its
-    batch (-1: none)."""
+    and CORRECT (``clip``) steps, the steps that log a metrics row (``rows``, int64), the
+    predictor's ``state`` (in/out) and the ``result`` / ``corrections`` / ``row_out`` buffers;
+    ``last_read``: the index of the last step that reads its batch (-1: none)."""
 
     anchor: np.ndarray
     staging: np.ndarray
@@ -179,10 +179,11 @@ class PredictBlock(NamedTuple):
     learn_gain: bool
     max_norm: float
     clip: float
-    measure_last: bool
+    rows: np.ndarray
     state: np.ndarray
     result: np.ndarray
     corrections: np.ndarray
+    row_out: np.ndarray
     count: int
     last_read: int
 
@@ -267,7 +268,7 @@ class PhaseTrainer:
         self._predictor = make_predictor(config.predictor, n, self._config.prediction)
         self._checked_run_args = (None, None, None)   # predicted_steps' (opt, params, out) once checked
         self._block_result, self._block_state = np.zeros(13), np.zeros(5)   # predict_block_run's kernel buffers
-        self._corrections = np.zeros((0, 6))
+        self._corrections, self._row_out = np.zeros((0, 6)), np.zeros((0, 4))
         self._accumulator = None
         self._compressor = None
         self.reset()
@@ -769,41 +770,53 @@ class PhaseTrainer:
             return 0
         return self._predict_len - self._pos
 
-    def block_step_reads(self, j: int, measure_last: bool, count: int) -> bool:
-        """Whether step j (0-based) of a :meth:`predict_block_run` of ``count`` steps reads its batch:
-        it is CORRECT, or the measured last step."""
-        return (self._pos + 1 + j) % self._correct_every == 0 or (measure_last and j == count - 1)
+    def block_step_is_correct(self, j: int) -> bool:
+        """Whether step j (0-based) of the next :meth:`predict_block_run` is a CORRECT step."""
+        return (self._pos + 1 + j) % self._correct_every == 0
+
+    @property
+    def row_out(self) -> np.ndarray:
+        """float64 (rows, 4): the last :meth:`predict_block_run`'s ``run.row_out`` (per row step: loss,
+        nanoseconds since its kernel began, gain, gradient norm)."""
+        return self._row_out
 
     @property
     def block_result(self) -> np.ndarray:
         """float64 (13,): the kernel's results of the last :meth:`predict_block_run` (its ``run.result``)."""
         return self._block_result
 
-    def predict_block_run(self, count: int, make_steps, measure_last: bool = False) -> list:
+    def predict_block_run(self, count: int, make_steps, rows=()) -> tuple[list, list[dict]]:
         """Make the next ``count`` (<= :meth:`predict_block_length`) steps of the predict block through
         one call of ``make_steps(run: PredictBlock) -> steps made``, and book them as the per-step
-        protocol would each; ``measure_last``: the last step, if PREDICT, measures its loss (e.g. for
-        a metrics row). E.g. ``make_steps = lambda run: fused.predict_block(X, idx, B, run, labels=y)``
-        (:meth:`qatlab.fused.FusedStep.predict_block`; its kernel's doc says what each step does).
+        protocol would each. ``rows``: increasing step indices (0-based in the run) that log a metrics
+        row; a PREDICT one measures its loss. E.g. ``make_steps = lambda run: fused.predict_block(X,
+        idx, B, run, labels=y)`` (:meth:`qatlab.fused.FusedStep.predict_block`; its kernel's doc says
+        what each step does).
 
         ``make_steps`` makes the PREDICT steps as :meth:`predicted_steps` does (into a flat float32
         (n,) array of its own) and each CORRECT step as record_written + end_step(loss) would: its
         real gradient into ``run.staging`` (this trainer's staging buffer), the update with it
         clipped to ``run.clip``, its prediction into ``run.pred`` and their comparison into
         ``run.scores``, the fold, and the staging buffer made the anchor; it writes the predictor's
-        scalars into ``run.state`` and its numbers into ``run.result`` and ``run.corrections``.
-        Time: the kernel's own clock splits the call; the Python before the kernel counts as
-        predicted-step seconds, the booking after it as the CORRECT steps'.
+        scalars into ``run.state`` and its numbers into ``run.result``, ``run.corrections`` and
+        ``run.row_out`` (see the kernel). Time: the kernel's own clock splits the call; the Python
+        before the kernel counts as predicted-step seconds, the booking after it as the CORRECT
+        steps'.
 
-        Returns the losses of the steps made (None for a step that measured none); if the run
-        stopped at a step whose loss is not finite, that loss is appended (the step made nothing and
-        is not booked: the run diverged). A CORRECT step with a finite loss and a non-finite
-        gradient raises ValueError naming the parameter, as :meth:`record_written`, after the steps
-        before it are booked.
+        Returns (the losses of the steps made, None for a step that measured none -- if the run
+        stopped at a step whose loss is not finite, that loss is appended: the step made nothing and
+        is not booked, the run diverged; :meth:`step_metrics` as of each row step made, its
+        prediction_gain and grad_norm those of that step). A CORRECT step with a finite loss and a
+        non-finite gradient raises ValueError naming the parameter, as :meth:`record_written`, after
+        the steps before it are booked. (Each metrics dict also holds ``corrections``: the CORRECT
+        steps folded so far, :attr:`correction_count`.)
         """
         limit = self.predict_block_length()
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= limit:
             raise ValueError(f"count: expected 1 <= count <= predict_block_length() = {limit}, got {count!r}")
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if len(rows) and not (rows[0] >= 0 and rows[-1] < count and (len(rows) == 1 or np.all(np.diff(rows) > 0))):
+            raise ValueError(f"rows: expected increasing step indices in [0, {count}), got {rows.tolist()}")
         pred = self._predictor
         if pred.anchor_step < 0:
             raise RuntimeError("predict: no real gradient recorded yet")
@@ -811,40 +824,49 @@ class PhaseTrainer:
         pred.prepare()
         first, pos, every = self._total, self._pos + 1, self._correct_every
         last_correct = (pos + count - 1) // every * every - pos     # its index in the run (< 0: none)
-        last_read = count - 1 if measure_last else max(last_correct, -1)
         state, result = self._block_state, self._block_result
         pred.export_state(state)
         if len(self._corrections) < count:
-            self._corrections = np.zeros((count, 6))
+            self._corrections, self._row_out = np.zeros((count, 6)), np.zeros((count, 4))
         run_anchor = pred.anchor
         made = make_steps(PredictBlock(pred.anchor, self._real, pred.trend, pred.correction, self._pred, pred.scores,
                                        first, pos, every, pred.has_trend, *pred.fold_constants(), self._max_grad_norm,
-                                       self._max_grad_norm, measure_last, state, result, self._corrections, count,
-                                       last_read))
+                                       self._max_grad_norm, rows, state, result, self._corrections, self._row_out,
+                                       count, max(last_correct, rows[-1] if len(rows) else -1, -1)))
         t_kernel = _clock()
         _, clipped, norm, loss, _, _, _, n_corr, _, _, correct_ns, bad_gradient, _ = result.tolist()
-        losses, booked, n_corr = [None] * made, 0, int(n_corr)
-        for j, c_loss, sumsq, rel, cos, reset in self._corrections[:n_corr].tolist():
-            j = int(j)
-            if j > booked:
-                self._book_run(TrainingPhase.PREDICT, j - booked)
-            self._clipped += 0 < self._max_grad_norm < math.sqrt(sumsq)
-            self._corr_resets += int(reset)
-            self._corr_err += rel
-            self._corr_cos += cos
-            self._book_run(TrainingPhase.CORRECT, 1, [c_loss])
-            losses[j], booked = c_loss, j + 1
-        if n_corr:                          # as _note_correction for each
-            self._micro_batches += n_corr
-            self._corr_n += n_corr
-            self._last_correction = CorrectionResult(first + j, rel, cos, bool(reset))
-        if made > booked:
-            measured = measure_last and made == count
-            if made - measured > booked:
-                self._book_run(TrainingPhase.PREDICT, made - measured - booked)
-            if measured:
-                self._book_run(TrainingPhase.PREDICT, 1, [loss])
-                losses[-1] = loss
+        n_corr = int(n_corr)
+        corrections = self._corrections[:n_corr].tolist()
+        losses = [None] * made
+        for c in corrections:
+            losses[int(c[0])] = c[1]
+        row_steps = [int(j) for j in rows if j < made]
+        row_out = self._row_out[:len(row_steps)].tolist()
+        for j, (row_loss, _, _, _) in zip(row_steps, row_out):
+            losses[j] = row_loss
+        metrics, booked, ci = [], 0, 0
+        for stop in row_steps + [made - 1]:               # book up to each row step, then to the end
+            while booked <= stop:
+                j = int(corrections[ci][0]) if ci < n_corr else made
+                if j > stop:
+                    if stop >= booked + (losses[stop] is not None):
+                        self._book_run(TrainingPhase.PREDICT, stop + 1 - booked - (losses[stop] is not None))
+                    if losses[stop] is not None:
+                        self._book_run(TrainingPhase.PREDICT, 1, [losses[stop]])
+                    booked = stop + 1
+                    break
+                if j > booked:
+                    self._book_run(TrainingPhase.PREDICT, j - booked)
+                _, c_loss, sumsq, rel, cos, reset = corrections[ci]
+                self._micro_batches += 1
+                self._clipped += 0 < self._max_grad_norm < math.sqrt(sumsq)
+                self._note_correction(CorrectionResult(first + j, rel, cos, bool(reset)))
+                self._book_run(TrainingPhase.CORRECT, 1, [c_loss])
+                booked, ci = j + 1, ci + 1
+            if len(metrics) < len(row_steps):
+                _, _, row_gain, row_norm = row_out[len(metrics)]
+                metrics.append({**self.step_metrics(), "prediction_gain": row_gain, "grad_norm": row_norm,
+                                "corrections": self._corr_n})
         if n_corr % 2:                      # each CORRECT step made the staging buffer the anchor
             pred.import_state(state, self._real)
             self._real = run_anchor
@@ -865,7 +887,7 @@ class PhaseTrainer:
         if made > n_corr:
             self._seconds[1] += (t_kernel - t0) - correct_s if n_corr else _clock() - t0
             self._timed[1] += made - n_corr
-        return losses
+        return losses, metrics
 
     def apply_correction(self, grads: dict) -> CorrectionResult:
         """Manual correction: fold real ``grads`` measured at the current step into the

@@ -125,29 +125,33 @@ class PhaseStepper:
         (:meth:`PhaseTrainer.predict_block_length`), when a FusedStep covers the model; else 0."""
         return max(0, min(limit, self.trainer.predict_block_length())) if self.fused is not None else 0
 
-    def block_run(self, X, idx, count: int, batch_size: int, measure_last: bool = False,
-                  **targets) -> tuple[list, int, int]:
+    def block_run(self, X, idx, count: int, batch_size: int, rows=(), **targets) -> tuple[list, int, int, list]:
         """``count`` (<= :meth:`block_run_length`) steps of the predict block in one call
         (:meth:`PhaseTrainer.predict_block_run` through :meth:`FusedStep.predict_block`), step j on
         the batch ``X[idx[j*B:(j+1)*B]]``, B = ``batch_size``; idx int64 may end with a shorter batch
-        (an epoch's last rows): if that step reads it (CORRECT, or measured) it is left for a call of
-        its own, unless it is the only one. Only CORRECT steps and, with ``measure_last``, a last
-        PREDICT step read their batch and measure a loss. ``targets``: the labels / targets / onehot
-        arguments.
+        (an epoch's last rows): if that step reads it, it is left for a call of its own, unless it is
+        the only one. Only CORRECT steps and the steps in ``rows`` (increasing indices into the run:
+        they log a metrics row) read their batch and measure a loss. ``targets``: the labels /
+        targets / onehot arguments.
 
         Returns (the losses of the steps made, None where not measured, and if the run stopped at a
         non-finite loss that loss last; rows whose argmax is the label over the measured batches;
-        the rows of each measured batch)."""
+        the rows of each measured batch; per row step made: (its index, loss, seconds since the call
+        began, :attr:`FusedStep.row_sums` row (float64, a copy), its phase columns as
+        :meth:`metrics` gives them))."""
         trainer, B = self.trainer, batch_size
         full = len(idx) // B
+        rows = list(rows)
         if full < count:                                        # the last batch is short
             if count == 1:
                 B, full = len(idx), 1
-            elif trainer.block_step_reads(count - 1, measure_last, count):
-                count, measure_last = count - 1, False
-        losses = trainer.predict_block_run(
-            count, lambda run: self.fused.predict_block(X, idx[:full * B], B, run, **targets), measure_last)
-        return losses, int(trainer.block_result[8]), B
+            elif trainer.block_step_is_correct(count - 1) or rows[-1:] == [count - 1]:
+                count, rows = count - 1, [j for j in rows if j < count - 1]
+        losses, metrics = trainer.predict_block_run(
+            count, lambda run: self.fused.predict_block(X, idx[:full * B], B, run, **targets), rows)
+        records = [(j, out[0], out[1] * 1e-9, sums, self._columns(raw, raw["corrections"]))
+                   for j, out, sums, raw in zip(rows, trainer.row_out.tolist(), self.fused.row_sums.copy(), metrics)]
+        return losses, int(trainer.block_result[8]), B, records
 
     def _loss(self, x, y, backward: bool) -> float:
         """The batch loss; with ``backward`` also its gradient in ``grads`` (unless not finite)."""
@@ -173,9 +177,12 @@ class PhaseStepper:
 
     def metrics(self) -> dict:
         """Phase columns for the metrics row; prediction error/cosine only right after a correction."""
-        raw = self.trainer.step_metrics()
+        return self._columns(self.trainer.step_metrics(), self.trainer.correction_count)
+
+    def _columns(self, raw: dict, corrections: int) -> dict:
+        """:meth:`metrics` of the trainer's step_metrics() ``raw`` and correction count, taken at the
+        row's step."""
         row = {_COLUMNS[k]: v for k, v in raw.items() if k in _COLUMNS}
-        corrections = self.trainer.correction_count
         if corrections == self._last_correction_step:
             row.pop("pred_error"), row.pop("pred_cosine")
         self._last_correction_step = corrections
