@@ -111,6 +111,7 @@ def test_runs_match_step_by_step(predictor, warmup, limit, loss):
             rows = sorted(set(rng.integers(0, n, int(rng.integers(0, 3))).tolist()))   # steps logging a row
             corrects = [runs.trainer.block_step_is_correct(j) for j in range(n)]
             short = int(rng_rows.choice([B, B // 2]))  # an epoch's last batch may be shorter
+            t_before = opt2.t
             losses, right, batch, records = runs.block_run(X, idx[:(n - 1) * B + short], n, B, rows=rows, **targets)
             dropped = len(losses) < n              # its step read the short batch: left for the next call
             n = len(losses)
@@ -127,12 +128,13 @@ def test_runs_match_step_by_step(predictor, warmup, limit, loss):
             made["short batch"] += batch < B or dropped
             want_right = 0
         for j in range(n):
-            batch_rows = idx[j * B:j * B + (sizes[j] if sizes else B)]
+            batch_rows, t_step = idx[j * B:j * B + (sizes[j] if sizes else B)], opt1.t
             losses1.append(_protocol_step(one, opt1, X[batch_rows], y[batch_rows], need_loss=needs[j]))
             if sizes and needs[j]:
                 want_right += int(np.sum(np.argmax(one.scratch.output(), axis=1) == y[batch_rows]))
             if sizes and j in rows:                # the row the kernel logged: what the live objects give
-                _, loss, _, sums, columns = records[rows.index(j)]
+                _, loss, _, updates, sums, columns = records[rows.index(j)]
+                assert t_before + updates == t_step                     # the updates made before it
                 want = [layer_row(one.mlp, one.grads, one.scratch, i) for i in range(one.mlp.num_layers)]
                 got = [_layer_row_of_sums(one.mlp, i, sums[8 * i:8 * i + 8])[0] for i in range(one.mlp.num_layers)]
                 want_columns, _ = one.metrics(), columns.pop("speedup_wall")

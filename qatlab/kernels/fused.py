@@ -324,8 +324,9 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
       (relative error > ``threshold``) or folded (``weight``); then the swap of anchor and staging.
     - ``rows`` int64 (r,), increasing: the steps (run indices) that log a metrics row. A PREDICT one
       first measures its loss (a forward pass on its batch); after the step, row_out[c] (float64
-      (r, 4)) receives its loss, nanoseconds since the call began, the gain and the norm of its
-      gradient (gain * prediction, or the real one), and row_sums[c] (float64 (r, LAYER_SUMS *
+      (r, 5)) receives its loss, nanoseconds since the call began, the gain, the norm of its
+      gradient (gain * prediction, or the real one) and the optimizer updates made before it, and
+      row_sums[c] (float64 (r, LAYER_SUMS *
       layers)) :func:`layer_sums` of each layer (its weights, gradient -- the prediction on a
       PREDICT step -- and used weights).
 
@@ -405,8 +406,8 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
                 if n_upd:
                     u += 1
                     result[5], result[6] = lrs[u - 1] * gain, opt_norm
-                _log_row(row_out[ri], row_sums[ri], loss, monotonic_ns() - t_start, gain, result[2], ws, dws, wqs,
-                         ternary, alphas)
+                _log_row(row_out[ri], row_sums[ri], loss, monotonic_ns() - t_start, gain, result[2],
+                         u - 1 if n_upd else u, ws, dws, wqs, ternary, alphas)
                 ri += 1
                 q = end + 1
         if stopped or j == count:
@@ -450,8 +451,8 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
         anchor_step = step
         made = j + 1
         if ri < rows.shape[0] and rows[ri] == j:
-            _log_row(row_out[ri], row_sums[ri], loss, monotonic_ns() - t_start, gain, result[2], ws, dws, wqs,
-                         ternary, alphas)
+            _log_row(row_out[ri], row_sums[ri], loss, monotonic_ns() - t_start, gain, result[2], u - 1, ws, dws,
+                     wqs, ternary, alphas)
             ri += 1
         ns_correct += monotonic_ns() - t_correct
     pstate[0], pstate[1], pstate[2], pstate[3], pstate[4] = anchor_step, corr_step, gain, g_num, g_den
@@ -460,7 +461,7 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _log_row(out, sums, loss, ns, gain, norm, ws, dws, wqs, ternary, alphas):
+def _log_row(out, sums, loss, ns, gain, norm, updates, ws, dws, wqs, ternary, alphas):
     """predict_block's row_out and row_sums entries of a metrics row."""
-    out[0], out[1], out[2], out[3] = loss, ns, gain, norm
+    out[0], out[1], out[2], out[3], out[4] = loss, ns, gain, norm, updates
     _row_sums(ws, dws, wqs, ternary, alphas, sums)

@@ -311,21 +311,22 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
             # a predict block, to its end or the epoch's: its PREDICT steps read no batch (the run may end on
             # the epoch's partial batch) but the ones that log a metrics row, which the kernel measures
             elif phase is not None and (run := phase.block_run_length(-(-left // bs))):
-                lr, before = opt.lr, time.perf_counter() - t0
+                t_before, before = opt.t, time.perf_counter() - t0
                 rows = [j for j in range(run) if (step + j + 1) % every == 0 or step + j == 0]
                 with STEP_SLOTS:
                     losses, correct, n_rows, records = phase.block_run(data.X_train, order[pos: pos + run * bs], run,
                                                                        bs, rows=rows, **block)
                 counted, used = n_rows * sum(v is not None for v in losses), min(len(losses) * bs, left)
-                for j, row_loss, seconds, sums, columns in records:
+                for j, row_loss, seconds, updates, sums, columns in records:
                     layers, nonzero = {}, 0
                     for i in range(mlp.num_layers):
                         layer, nz = _layer_row_of_sums(mlp, i, sums[LAYER_SUMS * i:LAYER_SUMS * (i + 1)])
                         layers.update(layer)
                         nonzero += nz
                     log.append(_metrics_row(step + j + 1, epoch + min(pos + (j + 1) * bs, left + pos) / data.n_train,
-                                            before + seconds, row_loss, lr, layers, nonzero, n_weights, columns))
-                logged = step + len(losses)
+                                            before + seconds, row_loss, opt.schedule(t_before + updates), layers,
+                                            nonzero, n_weights, columns))
+                lr, logged = opt.schedule(t_before), step + len(losses)
             else:
                 idx = order[pos: pos + bs]
                 xb = data.X_train.take(idx, axis=0, out=xbuf[: len(idx)])   # the method: np.take's

@@ -268,7 +268,7 @@ class PhaseTrainer:
         self._predictor = make_predictor(config.predictor, n, self._config.prediction)
         self._checked_run_args = (None, None, None)   # predicted_steps' (opt, params, out) once checked
         self._block_result, self._block_state = np.zeros(13), np.zeros(5)   # predict_block_run's kernel buffers
-        self._corrections, self._row_out = np.zeros((0, 6)), np.zeros((0, 4))
+        self._corrections, self._row_out = np.zeros((0, 6)), np.zeros((0, 5))
         self._accumulator = None
         self._compressor = None
         self.reset()
@@ -776,8 +776,8 @@ class PhaseTrainer:
 
     @property
     def row_out(self) -> np.ndarray:
-        """float64 (rows, 4): the last :meth:`predict_block_run`'s ``run.row_out`` (per row step: loss,
-        nanoseconds since its kernel began, gain, gradient norm)."""
+        """float64 (rows, 5): the last :meth:`predict_block_run`'s ``run.row_out`` (per row step: loss,
+        nanoseconds since its kernel began, gain, gradient norm, optimizer updates made before it)."""
         return self._row_out
 
     @property
@@ -827,7 +827,7 @@ class PhaseTrainer:
         state, result = self._block_state, self._block_result
         pred.export_state(state)
         if len(self._corrections) < count:
-            self._corrections, self._row_out = np.zeros((count, 6)), np.zeros((count, 4))
+            self._corrections, self._row_out = np.zeros((count, 6)), np.zeros((count, 5))
         run_anchor = pred.anchor
         made = make_steps(PredictBlock(pred.anchor, self._real, pred.trend, pred.correction, self._pred, pred.scores,
                                        first, pos, every, pred.has_trend, *pred.fold_constants(), self._max_grad_norm,
@@ -842,7 +842,7 @@ class PhaseTrainer:
             losses[int(c[0])] = c[1]
         row_steps = [int(j) for j in rows if j < made]
         row_out = self._row_out[:len(row_steps)].tolist()
-        for j, (row_loss, _, _, _) in zip(row_steps, row_out):
+        for j, (row_loss, *_) in zip(row_steps, row_out):
             losses[j] = row_loss
         metrics, booked, ci = [], 0, 0
         for stop in row_steps + [made - 1]:               # book up to each row step, then to the end
@@ -864,7 +864,7 @@ class PhaseTrainer:
                 self._book_run(TrainingPhase.CORRECT, 1, [c_loss])
                 booked, ci = j + 1, ci + 1
             if len(metrics) < len(row_steps):
-                _, _, row_gain, row_norm = row_out[len(metrics)]
+                _, _, row_gain, row_norm, _ = row_out[len(metrics)]
                 metrics.append({**self.step_metrics(), "prediction_gain": row_gain, "grad_norm": row_norm,
                                 "corrections": self._corr_n})
         if n_corr % 2:                      # each CORRECT step made the staging buffer the anchor

@@ -137,8 +137,8 @@ class PhaseStepper:
         Returns (the losses of the steps made, None where not measured, and if the run stopped at a
         non-finite loss that loss last; rows whose argmax is the label over the measured batches;
         the rows of each measured batch; per row step made: (its index, loss, seconds since the call
-        began, :attr:`FusedStep.row_sums` row (float64, a copy), its phase columns as
-        :meth:`metrics` gives them))."""
+        began, optimizer updates made before it, :attr:`FusedStep.row_sums` row (float64, a copy),
+        its phase columns as :meth:`metrics` gives them))."""
         trainer, B = self.trainer, batch_size
         full = len(idx) // B
         rows = list(rows)
@@ -149,7 +149,7 @@ class PhaseStepper:
                 count, rows = count - 1, [j for j in rows if j < count - 1]
         losses, metrics = trainer.predict_block_run(
             count, lambda run: self.fused.predict_block(X, idx[:full * B], B, run, **targets), rows)
-        records = [(j, out[0], out[1] * 1e-9, sums, self._columns(raw, raw["corrections"]))
+        records = [(j, out[0], out[1] * 1e-9, int(out[4]), sums, self._columns(raw, raw["corrections"]))
                    for j, out, sums, raw in zip(rows, trainer.row_out.tolist(), self.fused.row_sums.copy(), metrics)]
         return losses, int(trainer.block_result[8]), B, records
 
