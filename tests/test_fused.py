@@ -7,7 +7,7 @@ import pytest
 import qatlab as ql
 from qatlab import parallel
 from qatlab.fused import BACKWARD, FORWARD, FusedStep, unsupported_reason
-from qatlab.kernels.fused import batch_rows_error
+from qatlab.kernels.fused import LAYER_SUMS, batch_rows_error, layer_sums
 from qatlab.nn import ACTIVATIONS, Mlp, cross_entropy_loss, mse_loss
 from qatlab.optim import SGD, Adam, Momentum
 from qatlab.quant import FakeQuantize, TernaryQuantizer
@@ -315,3 +315,32 @@ def test_batch_rows_error_matches_numpy():
         else:
             want = 0
         assert batch_rows_error(idx, n, labels, k) == want
+
+
+@pytest.mark.parametrize("ternary", [True, False])
+def test_layer_sums_match_numpy(ternary):
+    """A metrics row's per-layer sums (the kernel block runs log rows with) against numpy."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal(1000) * 0.1).astype(np.float32)
+    dw = rng.standard_normal(1000).astype(np.float32)
+    dw[::7] = 0.0
+    dw[3] = np.nan                                     # counts as neither sign, as in the live row
+    used = np.where(np.abs(w) > 0.05, np.sign(w), 0).astype(np.float32)
+    alpha = np.float32(np.mean(np.abs(w)))
+    out = np.full(LAYER_SUMS, 7.0)
+    layer_sums(w, dw, used, ternary, alpha, out)
+    d = dw.astype(np.float64)
+    assert math.isnan(out[0]) and np.isnan(d @ d)
+    ok = ~np.isnan(d)
+    layer_sums(w, np.where(ok, dw, 0).astype(np.float32), used, ternary, alpha, out)
+    assert out[0] == pytest.approx(d[ok] @ d[ok], rel=1e-12)
+    assert out[1:4].tolist() == [np.count_nonzero(d[ok]), np.sum(used < 0), np.sum(used > 0)]
+    if ternary:
+        v = np.rint(w * (np.float32(1) / alpha))
+        q = np.clip(v, -1, 1) * alpha
+        w64 = w.astype(np.float64)
+        assert out[4] == pytest.approx(np.sum((w64 - q.astype(np.float64)) ** 2), rel=1e-12)
+        assert out[5] == np.sum(np.abs(v) > 1) and out[6] == pytest.approx(w64 @ w64, rel=1e-12)
+        assert out[7] == alpha
+    else:
+        assert out[4:].tolist() == [0.0] * 4

@@ -8,8 +8,8 @@ import pytest
 
 from qatlab.config import PredictionConfig
 from qatlab.kernels.dense import sum_squares
-from qatlab.kernels.phase_kernels import (all_finite, anchor_trend, compare_vectors, copy_sum_squares, fold_correction,
-                                          norms3, weighted_rows)
+from qatlab.kernels.phase_kernels import (all_finite, anchor_trend, clamp01, compare_vectors, copy_sum_squares,
+                                          fold_correction, norms3, relative_error_cosine, weighted_rows)
 from qatlab.train.predictors import (LeastSquaresPredictor, MomentumPredictor, ParamLayout, make_predictor)
 
 F32 = np.float32
@@ -62,6 +62,22 @@ def test_anchor_trend_kernel(rng, k, s):
     ref = anchor + F32(k) * trend + F32(s) * corr                # float32, left to right
     np.testing.assert_array_equal(out, ref)
     assert ss == pytest.approx(np.sum(ref.astype(np.float64) ** 2), rel=1e-12)
+
+
+@pytest.mark.parametrize("scores, want", [
+    ([3.0, 4.0, 9.0, 2.0], (math.sqrt(2.0 / 4.0), 3.0 / math.sqrt(36.0))),
+    ([0.0, 0.0, 0.0, 0.0], (0.0, 1.0)),          # both zero: no error, same direction
+    ([0.0, 0.0, 5.0, 5.0], (math.inf, 0.0)),     # a = 0, p not: infinite relative error
+    ([0.0, 4.0, 0.0, 4.0], (1.0, 0.0))])         # p = 0
+def test_relative_error_cosine_kernel(scores, want):
+    assert relative_error_cosine(np.array(scores)) == want
+
+
+@pytest.mark.parametrize("v, want", [(-2.0, 0.0), (-0.0, -0.0), (0.25, 0.25), (1.0, 1.0), (7.0, 1.0)])
+def test_clamp01_kernel_is_pythons_min_max(v, want):
+    got = clamp01(v)
+    assert got == want == min(max(v, 0.0), 1.0) and math.copysign(1, got) == math.copysign(1, min(max(v, 0.0), 1.0))
+    assert math.isnan(clamp01(math.nan)) and math.isnan(min(max(math.nan, 0.0), 1.0))
 
 
 def test_norms3_kernel(rng):
