@@ -579,9 +579,9 @@ def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeat
         "cos = nanmean of history['pred_cosine'] (cosine of predicted vs real gradient on CORRECT steps); "
         "cos>0 = share of corrections with a positive cosine",
         "ms/bwd step and ms/pred step: PhaseTrainer's begin_step..end_step timers, or its runs' time per step "
-        "(backward_run, predicted_steps) (forward, backward or "
-        "prediction, clipping, optimizer); outside % = share of train seconds outside those (batch gather, "
-        "metrics rows, loop)",
+        "(backward_run, predicted_steps, predict_block_run: its kernel's clock splits the kinds) (forward, "
+        "backward or prediction, clipping, optimizer, a CORRECT step's fold); outside % = share of train seconds "
+        "outside those (batch gather, metrics rows, loop)",
         "ideal x = speedup a phase run with the same step counts would reach if every step cost only its "
         "components (backward step: fwd+loss+backward+optimizer; predicted: predict+optimizer, plus fwd+loss "
         "on the 1 in metrics_every PREDICT steps that log a row; both + metrics row / metrics_every); "

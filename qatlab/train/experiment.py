@@ -14,9 +14,11 @@ quarter of a digits run. A non-finite loss ends the run with status ``diverged``
 A model that :class:`~qatlab.fused.FusedStep` covers (small, ternary or float weights, no LSQ
 scales) makes its full batches in runs that end at the next metrics row: each run is one
 :meth:`~qatlab.fused.FusedStep.steps` call that gathers the batches too, the same numbers as one
-call per step. With phase training, runs of WARMUP/FULL steps go the same way and runs of PREDICT
-steps (before the row step, which measures its loss) in one call each
-(:mod:`qatlab.train.phase_loop`); CORRECT steps and the rest go one at a time. The Python around
+call per step. With phase training, runs of WARMUP/FULL steps go the same way, and a predict
+block's steps go in one call to the block's end or the epoch's (:mod:`qatlab.train.phase_loop`):
+that kernel logs the block's metrics rows itself -- the row step's loss, time and each layer's
+sums (:func:`~qatlab.kernels.fused.layer_sums`, the kernel the rows after other steps use too) --
+and the loop appends them after the call, the same rows as one call per step. The Python around
 each step (batch gather, loss and accuracy bookkeeping, the ``report`` call) was 15% of a default
 digits step; it also held the GIL, which the dashboard's event loop and the other runs wait for.
 """

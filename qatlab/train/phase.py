@@ -530,14 +530,12 @@ class PhaseTrainer:
         self._micro_batches += 1
         self._finish_real_gradient(sumsq, self._info.total_step, self._info.phase is TrainingPhase.CORRECT)
 
-    def _finish_real_gradient(self, sumsq: float, step: int, correct: bool, compared: bool = False) -> None:
+    def _finish_real_gradient(self, sumsq: float, step: int, correct: bool) -> None:
         """Step ``step``'s real gradient is in the staging buffer: on a CORRECT step measure and fold the
-        prediction error (``compared``: a kernel already wrote the prediction and its comparison), then
-        make it the anchor and decide its clipping."""
+        prediction error, then make it the anchor and decide its clipping."""
         if correct:
-            if not compared:
-                self._predictor.predict(step, self._pred)
-            self._note_correction(self._predictor.fold(self._real, self._pred, step, compared))
+            self._predictor.predict(step, self._pred)
+            self._note_correction(self._predictor.fold(self._real, self._pred, step))
         real = self._real     # becomes the anchor without a copy; the old anchor is the next staging buffer
         self._real = self._predictor.adopt(real, step, block=not correct)
         self._set_clip(real, sumsq)
@@ -844,29 +842,25 @@ class PhaseTrainer:
         row_out = self._row_out[:len(row_steps)].tolist()
         for j, (row_loss, *_) in zip(row_steps, row_out):
             losses[j] = row_loss
-        metrics, booked, ci = [], 0, 0
-        for stop in row_steps + [made - 1]:               # book up to each row step, then to the end
-            while booked <= stop:
-                j = int(corrections[ci][0]) if ci < n_corr else made
-                if j > stop:
-                    if stop >= booked + (losses[stop] is not None):
-                        self._book_run(TrainingPhase.PREDICT, stop + 1 - booked - (losses[stop] is not None))
-                    if losses[stop] is not None:
-                        self._book_run(TrainingPhase.PREDICT, 1, [losses[stop]])
-                    booked = stop + 1
-                    break
-                if j > booked:
-                    self._book_run(TrainingPhase.PREDICT, j - booked)
-                _, c_loss, sumsq, rel, cos, reset = corrections[ci]
+        by_step, rows_left, metrics, booked = {int(c[0]): c[1:] for c in corrections}, list(row_out), [], 0
+        for j in sorted({*by_step, *row_steps}):          # steps booked one by one: CORRECT ones and rows
+            if j > booked:
+                self._book_run(TrainingPhase.PREDICT, j - booked)
+            if j in by_step:
+                c_loss, sumsq, rel, cos, reset = by_step[j]
                 self._micro_batches += 1
                 self._clipped += 0 < self._max_grad_norm < math.sqrt(sumsq)
                 self._note_correction(CorrectionResult(first + j, rel, cos, bool(reset)))
                 self._book_run(TrainingPhase.CORRECT, 1, [c_loss])
-                booked, ci = j + 1, ci + 1
-            if len(metrics) < len(row_steps):
-                _, _, row_gain, row_norm, _ = row_out[len(metrics)]
+            else:                                         # a PREDICT step that measured its loss for a row
+                self._book_run(TrainingPhase.PREDICT, 1, [losses[j]])
+            booked = j + 1
+            if rows_left and j == row_steps[len(metrics)]:
+                _, _, row_gain, row_norm, _ = rows_left.pop(0)
                 metrics.append({**self.step_metrics(), "prediction_gain": row_gain, "grad_norm": row_norm,
                                 "corrections": self._corr_n})
+        if made > booked:
+            self._book_run(TrainingPhase.PREDICT, made - booked)
         if n_corr % 2:                      # each CORRECT step made the staging buffer the anchor
             pred.import_state(state, self._real)
             self._real = run_anchor

@@ -378,16 +378,14 @@ class GradientPredictor:
             return np.zeros(count)
         return np.arange(first - self.anchor_step, first - self.anchor_step + count, dtype=np.float64)
 
-    def fold(self, actual: np.ndarray, predicted: np.ndarray, step: int, compared: bool = False) -> CorrectionResult:
+    def fold(self, actual: np.ndarray, predicted: np.ndarray, step: int) -> CorrectionResult:
         """Measure actual - predicted at ``step``, fold it into the correction and (with
-        ``learned_gain``) update :attr:`gain` (module doc).
+        ``learned_gain``) update :attr:`gain` (module doc; :func:`qatlab.kernels.fused.predict_block`
+        folds its CORRECT steps the same way).
 
         actual, predicted float32 (size,); ``predicted`` must be :meth:`predict` (step).
-        ``compared``: :attr:`scores` already holds ``compare_vectors(actual, predicted)`` (a kernel
-        that made the step measured them).
         """
-        if not compared:
-            compare_vectors(actual, predicted, self.scores)
+        compare_vectors(actual, predicted, self.scores)
         rel, cos = relative_error_cosine(self.scores)
         if self._learn_gain:
             self._gain_num += float(self.scores[0])
