@@ -32,21 +32,12 @@ from .kernels.fused import (BACKWARD, FORWARD, LAYER_SUMS, UPDATE, batch_rows_er
 from .nn import _f32_2d, _labels
 from .quant import TernaryQuantizer
 
-__all__ = ["FusedStep", "unsupported_reason", "metrics_rows", "FORWARD", "BACKWARD", "UPDATE"]
+__all__ = ["FusedStep", "unsupported_reason", "FORWARD", "BACKWARD", "UPDATE"]
 
 _NO_LABELS = np.zeros(0, np.int64)
 _NO_STATE = np.zeros(0, np.float32)
 _NO_SCALARS = np.zeros(8)
 _STAGES = (FORWARD, BACKWARD, UPDATE)
-
-
-def metrics_rows(rows, count: int) -> np.ndarray:
-    """``rows`` (step indices that log a metrics row) as int64 (r,), checked to increase within
-    [0, ``count``); a ValueError names them otherwise."""
-    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-    if len(rows) and not (rows[0] >= 0 and rows[-1] < count and np.all(rows[1:] > rows[:-1])):
-        raise ValueError(f"rows: expected increasing step indices in [0, {count}), got {rows.tolist()}")
-    return rows
 
 
 def unsupported_reason(mlp, scratch, opt=None) -> str | None:
@@ -98,8 +89,7 @@ class FusedStep:
         self._batch_bufs = {}
         self._block = (np.zeros((0, 8)), np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
         self._predict = (np.zeros((0, 8)), np.zeros(0), np.zeros(0))
-        self.row_sums = np.zeros((0, LAYER_SUMS * L))   # metrics-row sums of steps() / predict_block
-        self.rows_logged, self.row_seconds = 0, np.zeros(0)
+        self.row_sums = np.zeros((0, LAYER_SUMS * L))   # predict_block's metrics-row sums
         self.losses, self.correct, self.stash_sumsqs = self._block[1], self._block[2], self._block[4]   # last steps()
 
     def _batch_rows(self, B):
@@ -116,7 +106,7 @@ class FusedStep:
         return rows
 
     def steps(self, X, idx, count: int, labels=None, targets=None, onehot: bool = False, stash=None,
-              clip: float = 0.0, accumulate=None, accumulate_fresh: bool = False, rows=()) -> int:
+              clip: float = 0.0, accumulate=None, accumulate_fresh: bool = False) -> int:
         """``count`` UPDATE steps in one call, as ``count`` calls of ``self(x_j, ..., stash=stash,
         clip=clip)`` at the optimizer's scheduled learning rates, where batch j is
         ``X[idx[j*B:(j+1)*B]]``.
@@ -131,10 +121,6 @@ class FusedStep:
         0 without labels) and :attr:`stash_sumsqs` float64 hold one entry per step made, and the
         objects are left as after the last one. Returns the steps made: ``count``, or fewer when
         a loss or a stashed gradient is not finite (that step, the last one made, updated nothing).
-
-        ``rows``: increasing step indices (``metrics_rows``) that log a metrics row: after each one
-        that updated, :attr:`row_sums` (each layer's :func:`~qatlab.kernels.fused.layer_sums`) and
-        :attr:`row_seconds` (since the call began) get an entry; :attr:`rows_logged` counts them.
         """
         mlp, opt = self.mlp, self.opt
         X, labels, targets, onehot, B = self._run_inputs("steps", X, idx, count, labels, targets, onehot)
@@ -142,31 +128,22 @@ class FusedStep:
         if acc is not _NO_STATE and stash is _NO_STATE:
             raise ValueError("accumulate: needs a stash")
         clip = self._check_clip(clip)
-        rows = metrics_rows(rows, count)
-        row_ns = np.zeros(len(rows))
         xb, lab, tgt = self._batch_buffers(B)
         scs, losses, correct, norms, sumsqs = (b[:count] for b in self._block_buffers(count))
-        self._row_buffer(len(rows))
         lrs = opt.fused_run_scalars(scs)
         hs, ds = self._batch_rows(B)
         code, s0, s1 = self._opt_kernel
         done = train_steps(X, labels, targets, idx, onehot, xb, lab, tgt, mlp._act, self._ternary, self._stes,
                            self._alphas, self._ws, self._bs, self._wqs, hs, ds, self._dws, self._dbs, code, s0, s1,
                            self._params, self._grads, scs, stash, clip, acc, bool(accumulate_fresh), losses, correct,
-                           norms, sumsqs, rows, row_ns, self.row_sums)
+                           norms, sumsqs)
         self._after(xb, hs)
         last_ok = math.isfinite(losses[done - 1]) and (stash is _NO_STATE or math.isfinite(sumsqs[done - 1]))
         updated = done if last_ok else done - 1
         if updated:
             opt.fused_done(lrs[updated - 1], norms[updated - 1], updated)
         self.losses, self.correct, self.stash_sumsqs = losses[:done], correct[:done], sumsqs[:done]
-        self.rows_logged = int(np.sum(rows < updated))
-        self.row_seconds = row_ns[:self.rows_logged] * 1e-9
         return done
-
-    def _row_buffer(self, n_rows: int) -> None:
-        if len(self.row_sums) < n_rows:
-            self.row_sums = np.zeros((n_rows, LAYER_SUMS * self.mlp.num_layers))
 
     def _run_inputs(self, what, X, idx, count, labels, targets, onehot):
         """Checked inputs of a run of ``count`` steps on batches ``X[idx[j*B:(j+1)*B]]`` (steps()'s
@@ -232,8 +209,9 @@ class FusedStep:
         xb, lab, tgt = self._batch_buffers(B)
         hs, ds = self._batch_rows(B)
         code, s0, s1 = self._opt_kernel
-        result = run.result
-        self._row_buffer(len(run.rows))
+        result, n_rows = run.result, len(run.rows)
+        if len(self.row_sums) < n_rows:
+            self.row_sums = np.zeros((n_rows, LAYER_SUMS * self.mlp.num_layers))
         predict_block(run.anchor, run.staging, run.trend, run.correction, run.pred, run.scores, run.first, run.pos,
                       run.every, run.has_trend, run.decay, run.weight, run.threshold, run.learn_gain, run.max_norm,
                       run.clip, run.rows, run.state, self._grads, X, labels, targets, idx, onehot, xb, lab, tgt,

@@ -358,10 +358,10 @@ def test_report_false_stops_the_loop():
         return done < 7
 
     res = train_experiment(digits(epochs=2), report=report)
-    # called before every step, or before each run of steps made in one call (the epoch's 22 full
-    # batches here, as the default model goes through FusedStep.steps), and once at the end
-    assert [d for d, _ in seen] == [0, 22, 22] and seen[0] == (0, 46)
-    assert res.status == "stopped" and "step 22" in res.message and res.final["steps"] == 22
+    # called before every step, or before each run of steps made in one call (up to the next metrics
+    # row: steps 1, 2-5, 6-10 here, as the default model goes through FusedStep.steps), and once at the end
+    assert [d for d, _ in seen] == [0, 1, 5, 10, 10] and seen[0] == (0, 46)
+    assert res.status == "stopped" and "step 10" in res.message and res.final["steps"] == 10
     assert np.isnan(res.final["test_accuracy"])                         # stopped before the first epoch ended
 
     seen.clear()                        # a model outside FusedStep: called before every step

@@ -102,7 +102,7 @@ def test_runs_match_step_by_step(predictor, warmup, limit, loss):
             losses2.append(runs.step(X[idx[:B]], y[idx[:B]], None, need_loss=True))
             made["alone"] += 1
         elif n := runs.backward_run_length(limit):
-            assert runs.backward_run(X, idx[:n * B], n, **targets)[0] == n
+            assert runs.backward_run(X, idx[:n * B], n, **targets) == n
             losses2 += runs.fused.losses.tolist()
             made["backward"] += n
             needs = [True] * n
@@ -252,7 +252,7 @@ def test_backward_run_stops_at_a_non_finite_loss_and_names_a_non_finite_gradient
     stepper, opt = _stepper()
     X, y = _data()
     X[2 * B, 0] = np.nan                                   # the third step's batch
-    assert stepper.backward_run(X, np.arange(3 * B, dtype=np.int64), 3, labels=y)[0] == 3
+    assert stepper.backward_run(X, np.arange(3 * B, dtype=np.int64), 3, labels=y) == 3
     assert math.isnan(stepper.fused.losses[-1]) and stepper.trainer.total_step == 2
 
     stepper, opt = _stepper()

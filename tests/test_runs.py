@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import qatlab as ql
-from qatlab.fused import FusedStep
 from qatlab.runs import ACTIVE, DONE, RunControl, all_runs, get_run
 
 
@@ -292,7 +291,7 @@ def test_corrupt_file_fails_with_traceback(tmp_path):
 
 def test_exception_mid_training_fails_and_keeps_rows(monkeypatch):
     import qatlab.train.experiment as experiment
-    real = experiment._layer_row_of_sums            # every row of a ternary or float layer goes through it
+    real = experiment._layer_row
     calls = {"n": 0}
 
     def flaky(*args, **kwargs):
@@ -301,7 +300,7 @@ def test_exception_mid_training_fails_and_keeps_rows(monkeypatch):
             raise RuntimeError("boom in layer_row")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(experiment, "_layer_row_of_sums", flaky)
+    monkeypatch.setattr(experiment, "_layer_row", flaky)
     run = ql.Run(tiny()).start()
     assert run.join(30)
     assert run.status == "failed" and "RuntimeError: boom in layer_row" in run.message
@@ -391,17 +390,11 @@ def test_concurrent_runs_share_the_step_slots(monkeypatch):
                 self.now -= 1
             self.sem.release()
 
-    slots, outside = Counting(2), []
+    slots = Counting(2)
     monkeypatch.setattr(experiment, "STEP_SLOTS", slots)
-    for name in ("__call__", "steps", "predict_block"):          # every fused call holds a slot
-        def holding(self, *a, _real=getattr(FusedStep, name), **k):
-            outside.append(slots.now == 0)
-            return _real(self, *a, **k)
-        monkeypatch.setattr(FusedStep, name, holding)
     results = ql.compare_ste(tiny("ternary", epochs=4))
     assert all(r.status == "finished" for r in results.values())
-    assert len(outside) > 0 and not any(outside)
-    assert 0 < slots.steps <= sum(r.final["steps"] for r in results.values())   # a slot per call of one or more steps
+    assert slots.steps == sum(r.final["steps"] for r in results.values())   # every step went through it
     assert 1 <= slots.most <= 2                                              # never more than 2 at once
 
 

@@ -150,8 +150,7 @@ def _gather(X, Y, T, idx, j, mse_loss, xb, labels, targets):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def train_steps(X, Y, T, idx, mse_loss, xb, labels, targets, act, ternary, stes, alphas, ws, bs, wqs, hs, ds,
-                dws, dbs, opt, state0, state1, p, g, scs, stash, clip, acc, acc_fresh, losses, correct, norms, sumsqs,
-                rows, row_ns, row_sums):
+                dws, dbs, opt, state0, state1, p, g, scs, stash, clip, acc, acc_fresh, losses, correct, norms, sumsqs):
     """``len(scs)`` UPDATE steps of :func:`train_step` in a row, each on its own batch gathered here.
 
     X (n, in) float32: the whole training split; Y (n,) int64 labels, or T (n, K) float32 targets
@@ -163,18 +162,13 @@ def train_steps(X, Y, T, idx, mse_loss, xb, labels, targets, act, ternary, stes,
     (``Optimizer.fused_scalars``). stash, clip: as in train_step, every step (stash (0,): none);
     acc float32 (n,) or (0,): each step's stashed gradient is added to it (float32 adds; with
     acc_fresh the first one is copied). Step j writes losses[j], norms[j], sumsqs[j] (train_step's)
-    and correct[j] (rows whose argmax is the label; 0 without labels). ``rows`` int64 (r,),
-    increasing: the steps that log a metrics row; after such a step row_ns[c] (float64 (r,))
-    receives the nanoseconds since the call began and row_sums[c] (float64 (r, LAYER_SUMS *
-    layers)) :func:`layer_sums` of each layer, as :func:`predict_block` logs its rows.
+    and correct[j] (rows whose argmax is the label; 0 without labels).
 
     Returns the steps made: all, or j + 1 when step j's loss (or an alpha) or its stashed
     gradient is not finite -- that step updated nothing (acc included), as in train_step, and the
     later ones did not run.
     """
-    t_start = monotonic_ns()
     has_labels = Y.shape[0] > 0
-    ri = 0
     for j in range(scs.shape[0]):
         step_labels, step_targets = _gather(X, Y, T, idx, j, mse_loss, xb, labels, targets)
         loss, norm, sumsq = train_step(xb, step_labels, step_targets, UPDATE, act, ternary, stes, alphas, ws, bs,
@@ -190,10 +184,6 @@ def train_steps(X, Y, T, idx, mse_loss, xb, labels, targets, act, ternary, stes,
                 for i in range(acc.shape[0]):
                     acc[i] += stash[i]
         correct[j] = count_correct(hs[len(hs) - 1], labels) if has_labels else 0
-        if ri < rows.shape[0] and rows[ri] == j:
-            _row_sums(ws, dws, wqs, ternary, alphas, row_sums[ri])
-            row_ns[ri] = monotonic_ns() - t_start
-            ri += 1
     return scs.shape[0]
 
 

@@ -55,10 +55,6 @@ EVAL_CHUNK = 1024
 STEP_SLOT_COUNT = parallel.cores() + 1
 STEP_SLOTS = threading.BoundedSemaphore(STEP_SLOT_COUNT)
 SNAPSHOT_SECONDS = 0.5
-#: Most steps one run of fused steps makes (the runs end at the epoch's end anyway): it keeps a call
-#: within ~10 ms for the models FusedStep covers, so a stop request, a pause of the training threads
-#: and the stream of metrics rows (appended after the call) wait no longer than that.
-RUN_STEPS = 64
 _paused = threading.local()
 
 
@@ -285,19 +281,6 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
     n_weights = sum(mlp.weights(i).size for i in range(mlp.num_layers))
     every = cfg.metrics_every   # a metrics row every `every` steps (and after the first)
 
-    def log_rows(first_step, first_pos, before, records):
-        """Append the metrics rows a run from step ``first_step`` (its batches from row ``first_pos``
-        of the epoch's order, called ``before`` seconds into training) logged: (index in the run,
-        loss, seconds into the call, learning rate, each layer's layer_sums, phase columns or None)."""
-        for j, row_loss, seconds, row_lr, sums, columns in records:
-            layers, nonzero = {}, 0
-            for i in range(mlp.num_layers):
-                layer, nz = _layer_row_of_sums(mlp, i, sums[LAYER_SUMS * i:LAYER_SUMS * (i + 1)])
-                layers.update(layer)
-                nonzero += nz
-            log.append(_metrics_row(first_step + j + 1, epoch + min(first_pos + (j + 1) * bs, data.n_train) / data.n_train,
-                                    before + seconds, row_loss, row_lr, layers, nonzero, n_weights, columns))
-
     status, message = "finished", ""
     step, t0, last_snap = 0, time.perf_counter(), -math.inf
     epoch_losses: list[float] = []
@@ -312,37 +295,39 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
             if report is not None and not report(step, total):
                 status, message = "stopped", f"stopped by request at step {step}"
                 break
-            # runs of full batches in one call to the epoch's end, logging their metrics rows (module doc)
+            # runs of full batches in one call, up to the next metrics row (module doc)
             left, logged = data.n_train - pos, -1
+            to_row = _run_limit(step, every, left // bs)
             run = 0
-            if block is not None and left >= bs:
-                run = min(left // bs, RUN_STEPS)
-                run = run if phase is None else phase.backward_run_length(run)
+            if block is not None and to_row:
+                run = to_row if phase is None else phase.backward_run_length(to_row)
             if run:
-                t_before, idx, before, rows = opt.t, order[pos: pos + run * bs], time.perf_counter() - t0, \
-                    _row_steps(step, run, every)
+                t_before, idx = opt.t, order[pos: pos + run * bs]
                 with STEP_SLOTS:
                     if phase is None:
-                        fused.steps(data.X_train, idx, run, rows=rows, **block)
-                        columns = [None] * fused.rows_logged
+                        fused.steps(data.X_train, idx, run, **block)
                     else:
-                        columns = phase.backward_run(data.X_train, idx, run, rows=rows, **block)[1]
+                        phase.backward_run(data.X_train, idx, run, **block)
                 losses, lr, n_rows = fused.losses.tolist(), opt.schedule(t_before + len(fused.losses) - 1), bs
                 correct, counted, used = int(fused.correct.sum()), len(losses) * bs, len(losses) * bs
-                log_rows(step, pos, before, [(j, losses[j], seconds, opt.schedule(t_before + j), sums, cols)
-                                             for j, seconds, sums, cols in zip(rows, fused.row_seconds,
-                                                                               fused.row_sums, columns)])
-                logged = step + len(losses)
             # a predict block, to its end or the epoch's: its PREDICT steps read no batch (the run may end on
             # the epoch's partial batch) but the ones that log a metrics row, which the kernel measures
-            elif phase is not None and (run := phase.block_run_length(min(-(-left // bs), RUN_STEPS))):
+            elif phase is not None and (run := phase.block_run_length(-(-left // bs))):
                 t_before, before = opt.t, time.perf_counter() - t0
+                rows = [j for j in range(run) if (step + j + 1) % every == 0 or step + j == 0]
                 with STEP_SLOTS:
                     losses, correct, n_rows, records = phase.block_run(data.X_train, order[pos: pos + run * bs], run,
-                                                                       bs, rows=_row_steps(step, run, every), **block)
+                                                                       bs, rows=rows, **block)
                 counted, used = n_rows * sum(v is not None for v in losses), min(len(losses) * bs, left)
-                log_rows(step, pos, before, [(j, row_loss, seconds, opt.schedule(t_before + updates), sums, cols)
-                                             for j, row_loss, seconds, updates, sums, cols in records])
+                for j, row_loss, seconds, updates, sums, columns in records:
+                    layers, nonzero = {}, 0
+                    for i in range(mlp.num_layers):
+                        layer, nz = _layer_row_of_sums(mlp, i, sums[LAYER_SUMS * i:LAYER_SUMS * (i + 1)])
+                        layers.update(layer)
+                        nonzero += nz
+                    log.append(_metrics_row(step + j + 1, epoch + min(pos + (j + 1) * bs, left + pos) / data.n_train,
+                                            before + seconds, row_loss, opt.schedule(t_before + updates), layers,
+                                            nonzero, n_weights, columns))
                 lr, logged = opt.schedule(t_before), step + len(losses)
             else:
                 idx = order[pos: pos + bs]
@@ -414,7 +399,8 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
                      config=cfg.to_dict())
 
 
-def _row_steps(step: int, count: int, every: int) -> list[int]:
-    """The steps of a run of ``count`` from ``step`` (indices into the run) after which a metrics row
-    is due: every ``every``-th step, and the first."""
-    return [j for j in range(count) if (step + j + 1) % every == 0 or step + j == 0]
+def _run_limit(step: int, every: int, full_batches: int) -> int:
+    """How many steps a run from ``step`` may make: up to and including the next metrics-row step,
+    and at most the full batches left in the epoch."""
+    next_row = 1 if step == 0 else (step // every + 1) * every
+    return min(next_row - step, full_batches)

@@ -94,7 +94,6 @@ from typing import NamedTuple
 import numpy as np
 
 from ..config import PhaseConfig
-from ..fused import metrics_rows
 from ..kernels import clock
 from ..kernels.dense import sum_squares
 from ..kernels.fused import predicted_steps
@@ -636,7 +635,7 @@ class PhaseTrainer:
             return 0
         return int(min(self._segment_length(self._segment) - self._pos, 2 ** 31))
 
-    def backward_run(self, count: int, make_steps, rows=()) -> tuple[int, list[dict]]:
+    def backward_run(self, count: int, make_steps) -> int:
         """Make up to ``count`` (<= :meth:`backward_run_length`) WARMUP/FULL steps through one call
         of ``make_steps(stash, accumulate, accumulate_fresh) -> (losses, sumsqs)``, and book them as
         begin_step / record_written(sumsqs[j]) / end_step(losses[j]) would each.
@@ -649,18 +648,13 @@ class PhaseTrainer:
         ``FusedStep.steps(X, idx, count, labels=y, stash=stash, clip=max_grad_norm,
         accumulate=accumulate, accumulate_fresh=accumulate_fresh)``.
 
-        ``rows``: increasing step indices (0-based in the run) that log a metrics row (``make_steps``
-        logs their numbers; see :meth:`qatlab.fused.FusedStep.steps`).
-
-        Returns (the steps booked: the ones before the first non-finite loss (that step is left
-        unbooked: the run diverged); :meth:`step_metrics` as of each row step booked, plus
-        ``corrections``, the CORRECT steps folded so far). A step with a finite loss and a non-finite
-        gradient raises ValueError naming the parameter, as :meth:`record_written`.
+        Returns the steps booked: the ones before the first non-finite loss (that step is left
+        unbooked: the run diverged). A step with a finite loss and a non-finite gradient raises
+        ValueError naming the parameter, as :meth:`record_written`.
         """
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= self.backward_run_length():
             raise ValueError(f"count: expected 1 <= count <= backward_run_length() = {self.backward_run_length()}, "
                              f"got {count!r}")
-        rows = metrics_rows(rows, count)
         pred = self._predictor
         t0 = _clock()
         losses, sumsqs = make_steps(self._real, pred.block_sum, pred.block_count == 0)
@@ -680,17 +674,10 @@ class PhaseTrainer:
             limit = self._max_grad_norm          # the clipped steps before the last; _set_clip: the last
             self._clipped += sum(math.sqrt(v) > limit for v in sumsqs[:done - 1]) if limit > 0 else 0
             self._set_clip(real, sumsqs[done - 1])
-            booked, metrics = 0, []
-            for j in (j for j in rows.tolist() if j < done):     # book up to each row step, for its metrics
-                self._book_run(self._segment, j + 1 - booked, losses[booked:j + 1])
-                booked = j + 1
-                metrics.append({**self.step_metrics(), "corrections": self._corr_n})
-            if done > booked:
-                self._book_run(self._segment, done - booked, losses[booked:done])
+            self._book_run(self._segment, done, losses[:done])
             self._seconds[0] += seconds
             self._timed[0] += done
-            return done, metrics
-        return done, []
+        return done
 
     def predict_run_length(self) -> int:
         """How many of the next steps are PREDICT steps in a row (0 if the next one is not, or a
@@ -825,7 +812,9 @@ class PhaseTrainer:
         limit = self.predict_block_length()
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= limit:
             raise ValueError(f"count: expected 1 <= count <= predict_block_length() = {limit}, got {count!r}")
-        rows = metrics_rows(rows, count)
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if len(rows) and not (rows[0] >= 0 and rows[-1] < count and (len(rows) == 1 or np.all(np.diff(rows) > 0))):
+            raise ValueError(f"rows: expected increasing step indices in [0, {count}), got {rows.tolist()}")
         pred = self._predictor
         if pred.anchor_step < 0:
             raise RuntimeError("predict: no real gradient recorded yet")

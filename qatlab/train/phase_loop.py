@@ -108,22 +108,20 @@ class PhaseStepper:
         the WARMUP/FULL steps in a row ahead, when a FusedStep covers the model; else 0."""
         return max(0, min(limit, self.trainer.backward_run_length())) if self.fused is not None else 0
 
-    def backward_run(self, X, idx, count: int, rows=(), **targets) -> tuple[int, list[dict]]:
+    def backward_run(self, X, idx, count: int, **targets) -> int:
         """``count`` (<= :meth:`backward_run_length`) WARMUP/FULL steps on the batches
         ``X[idx[j*B:(j+1)*B]]`` in one :meth:`FusedStep.steps` call (``targets``: its labels /
-        targets / onehot arguments; ``rows``: the step indices that log a metrics row), booked by
-        :meth:`PhaseTrainer.backward_run`. Returns (the steps made, each logged row's phase columns
-        as :meth:`metrics` gives them); their losses and correct counts are the FusedStep's
-        ``losses``, ``correct``, the rows' numbers its ``row_sums`` and ``row_seconds``."""
+        targets / onehot arguments), booked by :meth:`PhaseTrainer.backward_run`. Returns the
+        steps made; their losses and correct counts are the FusedStep's ``losses``, ``correct``."""
         fused = self.fused
 
         def make_steps(stash, accumulate, fresh):
             fused.steps(X, idx, count, stash=stash, clip=self.max_grad_norm, accumulate=accumulate,
-                        accumulate_fresh=fresh, rows=rows, **targets)
+                        accumulate_fresh=fresh, **targets)
             return fused.losses, fused.stash_sumsqs
 
-        _, metrics = self.trainer.backward_run(count, make_steps, rows)
-        return len(fused.losses), [self._columns(raw, raw["corrections"]) for raw in metrics]
+        self.trainer.backward_run(count, make_steps)
+        return len(fused.losses)
 
     def block_run_length(self, limit: int) -> int:
         """How many of the next steps (at most ``limit``) :meth:`block_run` can make in one call: the
