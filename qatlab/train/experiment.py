@@ -325,7 +325,7 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
                         layer, nz = _layer_row_of_sums(mlp, i, sums[LAYER_SUMS * i:LAYER_SUMS * (i + 1)])
                         layers.update(layer)
                         nonzero += nz
-                    log.append(_metrics_row(step + j + 1, epoch + min(pos + (j + 1) * bs, left + pos) / data.n_train,
+                    log.append(_metrics_row(step + j + 1, epoch + min(pos + (j + 1) * bs, data.n_train) / data.n_train,
                                             before + seconds, row_loss, opt.schedule(t_before + updates), layers,
                                             nonzero, n_weights, columns))
                 lr, logged = opt.schedule(t_before), step + len(losses)
