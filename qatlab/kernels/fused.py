@@ -11,7 +11,8 @@ objects (scratch, gradients, quantizer alphas, optimizer counters) in step with 
 Runs of steps in one call: :func:`train_steps` (UPDATE steps, gathering each batch), and phase
 training's :func:`predicted_steps` (predicted gradients and their updates) and
 :func:`predict_block` (a predict block's steps: those, its CORRECT steps with their folds into the
-predictor, and a forward pass measuring a last PREDICT step's loss).
+predictor, and the metrics rows due among them: a PREDICT row step's loss and each layer's
+:func:`layer_sums`).
 
 Layer arrays come as tuples with one entry per layer (a float layer passes its latent weights
 as its "quantized" weights too). ``np.dot`` inside ``njit`` binds SciPy's BLAS.

@@ -214,6 +214,15 @@ def _layer_row_of_sums(mlp: Mlp, i: int, sums: np.ndarray) -> tuple[dict, int]:
     return row, int(g_nonzero)
 
 
+def _merged(layer_rows) -> tuple[dict, int]:
+    """The columns of all layers' :func:`_layer_row` pairs and their non-zero weight gradients."""
+    layers, nonzero = {}, 0
+    for layer, nz in layer_rows:
+        layers.update(layer)
+        nonzero += nz
+    return layers, nonzero
+
+
 def _metrics_row(step: int, epoch: float, elapsed: float, loss, lr: float, layers: dict, nonzero: int,
                  n_weights: int, phase_columns: dict | None) -> dict:
     """A per-step metrics row (see :func:`train_experiment`)."""
@@ -320,11 +329,8 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
                                                                        bs, rows=rows, **block)
                 counted, used = n_rows * sum(v is not None for v in losses), min(len(losses) * bs, left)
                 for j, row_loss, seconds, updates, sums, columns in records:
-                    layers, nonzero = {}, 0
-                    for i in range(mlp.num_layers):
-                        layer, nz = _layer_row_of_sums(mlp, i, sums[LAYER_SUMS * i:LAYER_SUMS * (i + 1)])
-                        layers.update(layer)
-                        nonzero += nz
+                    layers, nonzero = _merged(_layer_row_of_sums(mlp, i, sums[LAYER_SUMS * i:LAYER_SUMS * (i + 1)])
+                                              for i in range(mlp.num_layers))
                     log.append(_metrics_row(step + j + 1, epoch + min(pos + (j + 1) * bs, data.n_train) / data.n_train,
                                             before + seconds, row_loss, opt.schedule(t_before + updates), layers,
                                             nonzero, n_weights, columns))
@@ -364,11 +370,7 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
             acc_rows += counted
             elapsed = time.perf_counter() - t0
             if (step % every == 0 or step == 1) and step != logged:       # (a block run logs its own rows)
-                layers, nonzero = {}, 0
-                for i in range(mlp.num_layers):
-                    layer, nz = _layer_row(mlp, grads, scratch, i)
-                    layers.update(layer)
-                    nonzero += nz
+                layers, nonzero = _merged(_layer_row(mlp, grads, scratch, i) for i in range(mlp.num_layers))
                 log.append(_metrics_row(step, epoch + pos / data.n_train, elapsed, loss, lr, layers, nonzero, n_weights,
                                         None if phase is None else phase.metrics()))
             if publish_weights is not None and elapsed - last_snap >= SNAPSHOT_SECONDS:

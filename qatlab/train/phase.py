@@ -505,7 +505,7 @@ class PhaseTrainer:
                 np.multiply(self._real, np.float32(1.0 / k), out=self._real)
             if sumsq is None:
                 sumsq = sum_squares(self._real)
-            self._finish_real_gradient(sumsq, self._info.total_step, self._info.phase is TrainingPhase.CORRECT)
+            self._finish_real_gradient(sumsq)
 
     def real_gradient_buffer(self) -> np.ndarray:
         """The flat float32 (n,) array (``layout`` order) the step's real gradient is recorded
@@ -528,11 +528,12 @@ class PhaseTrainer:
             raise ValueError(f"sumsq: must be finite, got {sumsq}")
         self._micro = 1
         self._micro_batches += 1
-        self._finish_real_gradient(sumsq, self._info.total_step, self._info.phase is TrainingPhase.CORRECT)
+        self._finish_real_gradient(sumsq)
 
-    def _finish_real_gradient(self, sumsq: float, step: int, correct: bool) -> None:
-        """Step ``step``'s real gradient is in the staging buffer: on a CORRECT step measure and fold the
+    def _finish_real_gradient(self, sumsq: float) -> None:
+        """The step's real gradient is in the staging buffer: on a CORRECT step measure and fold the
         prediction error, then make it the anchor and decide its clipping."""
+        step, correct = self._info.total_step, self._info.phase is TrainingPhase.CORRECT
         if correct:
             self._predictor.predict(step, self._pred)
             self._note_correction(self._predictor.fold(self._real, self._pred, step))
@@ -834,29 +835,25 @@ class PhaseTrainer:
         t_kernel = _clock()
         _, clipped, norm, loss, _, _, _, n_corr, _, _, correct_ns, bad_gradient, _ = result.tolist()
         n_corr = int(n_corr)
-        corrections = self._corrections[:n_corr].tolist()
-        losses = [None] * made
-        for c in corrections:
-            losses[int(c[0])] = c[1]
+        by_step = {int(c[0]): c[1:] for c in self._corrections[:n_corr].tolist()}
         row_steps = [int(j) for j in rows if j < made]
-        row_out = self._row_out[:len(row_steps)].tolist()
-        for j, (row_loss, *_) in zip(row_steps, row_out):
-            losses[j] = row_loss
-        by_step, rows_left, metrics, booked = {int(c[0]): c[1:] for c in corrections}, list(row_out), [], 0
-        for j in sorted({*by_step, *row_steps}):          # steps booked one by one: CORRECT ones and rows
+        row_at = dict(zip(row_steps, self._row_out[:len(row_steps)].tolist()))
+        losses, metrics, booked = [None] * made, [], 0
+        for j in sorted({*by_step, *row_at}):             # steps booked one by one: CORRECT ones and rows
             if j > booked:
                 self._book_run(TrainingPhase.PREDICT, j - booked)
             if j in by_step:
-                c_loss, sumsq, rel, cos, reset = by_step[j]
+                losses[j], sumsq, rel, cos, reset = by_step[j]
                 self._micro_batches += 1
                 self._clipped += 0 < self._max_grad_norm < math.sqrt(sumsq)
                 self._note_correction(CorrectionResult(first + j, rel, cos, bool(reset)))
-                self._book_run(TrainingPhase.CORRECT, 1, [c_loss])
+                self._book_run(TrainingPhase.CORRECT, 1, [losses[j]])
             else:                                         # a PREDICT step that measured its loss for a row
+                losses[j] = row_at[j][0]
                 self._book_run(TrainingPhase.PREDICT, 1, [losses[j]])
             booked = j + 1
-            if rows_left and j == row_steps[len(metrics)]:
-                _, _, row_gain, row_norm, _ = rows_left.pop(0)
+            if j in row_at:
+                _, _, row_gain, row_norm, _ = row_at[j]
                 metrics.append({**self.step_metrics(), "prediction_gain": row_gain, "grad_norm": row_norm,
                                 "corrections": self._corr_n})
         if made > booked:

@@ -153,8 +153,9 @@ class PhaseStepper:
                 count, rows = count - 1, [j for j in rows if j < count - 1]
         losses, metrics = trainer.predict_block_run(
             count, lambda run: self.fused.predict_block(X, idx[:full * B], B, run, **targets), rows)
-        records = [(j, out[0], out[1] * 1e-9, int(out[4]), sums, self._columns(raw, raw["corrections"]))
-                   for j, out, sums, raw in zip(rows, trainer.row_out.tolist(), self.fused.row_sums.copy(), metrics)]
+        sums = self.fused.row_sums[:len(metrics)].copy()
+        records = [(j, out[0], out[1] * 1e-9, int(out[4]), row_sums, self._columns(raw, raw["corrections"]))
+                   for j, out, row_sums, raw in zip(rows, trainer.row_out.tolist(), sums, metrics)]
         return losses, int(trainer.block_result[8]), B, records
 
     def _loss(self, x, y, backward: bool) -> float:
