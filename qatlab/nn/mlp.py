@@ -35,8 +35,8 @@ import numbers
 
 import numpy as np
 
-from . import parallel
-from .kernels.dense import (ACT_CODES, IDENTITY, act_backward_inplace, bias_act_inplace, mse,
+from .. import parallel
+from ..kernels.dense import (ACT_CODES, IDENTITY, act_backward_inplace, bias_act_inplace, mse,
                             scale_inplace, softmax_cross_entropy, sum_squares)
 
 ACTIVATIONS = tuple(ACT_CODES)
