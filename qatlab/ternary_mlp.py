@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+import zipfile
+import zlib
 
 import numpy as np
 
@@ -31,6 +33,9 @@ from .kernels import ste_kernels as K
 
 FORMAT = "qatlab.TernaryMLP"
 VERSION = 1
+# What reading a damaged .npz raises: truncated or bit-flipped members fail their CRC or their
+# inflate, name an unsupported zip feature, or leave a .npy header that does not parse
+_UNREADABLE = (OSError, ValueError, EOFError, KeyError, NotImplementedError, zipfile.BadZipFile, zlib.error)
 
 
 class TernaryMLP:
@@ -166,14 +171,16 @@ class TernaryMLP:
         try:
             with np.load(path, allow_pickle=False) as f:
                 files = {k: f[k] for k in f.files}
-        except (OSError, ValueError, EOFError) as exc:  # not a zip / contains pickled objects / truncated
-            raise ValueError(f"path: {os.fspath(path)!r} is not a readable TernaryMLP .npz ({exc})") from exc
+        except _UNREADABLE as exc:  # not a zip / pickled objects / truncated / a bad CRC (bit flips)
+            raise ValueError(f"path: {os.fspath(path)!r} is not a readable TernaryMLP .npz "
+                             f"({type(exc).__name__}: {exc})") from exc
         for key in ("format", "version", "sizes", "alphas"):
             if key not in files:
                 raise ValueError(f"path: missing array {key!r}; not a TernaryMLP file")
         if files["format"].shape != () or str(files["format"]) != FORMAT:
             raise ValueError(f"format: expected {FORMAT!r}, got {files['format']!r}")
-        if files["version"].shape != () or int(files["version"]) != VERSION:
+        version = files["version"]   # exactly the integer 1: neither 1.9 nor "1"
+        if version.shape != () or version.dtype.kind not in "iu" or int(version) != VERSION:
             raise ValueError(f"version: this reader supports {VERSION}, got {files['version']!r}")
         sizes, alphas = files["sizes"], files["alphas"]
         if sizes.dtype.kind not in "iu" or sizes.ndim != 1 or sizes.size < 2 or np.any(sizes < 1):
