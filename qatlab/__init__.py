@@ -8,6 +8,16 @@ import os as _os
 _os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import sys as _sys
 
+# One per-user Numba cache (server, notebooks, CLI, tests share compiled kernels) unless the
+# environment names one. Set before qatlab's kernel modules import numba; if numba is already
+# loaded, its config is set directly (the env copy keeps numba's reload_config and workers in line).
+_numba = _sys.modules.get("numba")
+if not _os.environ.get("NUMBA_CACHE_DIR") and not (_numba is not None and _numba.config.CACHE_DIR):
+    _os.environ["NUMBA_CACHE_DIR"] = _os.path.join(
+        _os.environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache"), "qatlab", "numba")
+    if _numba is not None:
+        _numba.config.CACHE_DIR = _os.environ["NUMBA_CACHE_DIR"]
+
 if "numpy" in _sys.modules:   # imported first (a notebook's `import numpy`, Panel under `panel serve`):
     from .blas import limit_blas_threads as _limit   # its OpenBLAS already read the environment
     _limit()
