@@ -1,0 +1,196 @@
+r"""Numba kernels of the convolution and max-pooling layers (float32, NCHW batches).
+
+A convolution is im2col + one matrix product (made by :mod:`qatlab.nn.layers` with NumPy's BLAS)::
+
+    cols[r, q]  = x[b, c, oh*sh - ph + i, ow*sw - pw + j]   (0 outside the image)
+                  r = (c*kh + i)*kw + j   (C*kh*kw rows),   q = (b*OH + oh)*OW + ow   (B*OH*OW columns)
+    z           = Wq @ cols                                  Wq: the (Cout, C*kh*kw) view of the weight
+    y[b, o, p]  = act(z[o, b*P + p] + bias[o])               P = OH*OW      (:func:`cols_to_nchw`)
+
+and its backward::
+
+    dz[o, b*P + p] = dy[b, o, p] * act'(y[b, o, p]),  db[o] = sum dz[o, :]   (:func:`nchw_to_cols`)
+    dWq = dz @ cols.T,   dcols = Wq.T @ dz,   dx = col2im(dcols)              (:func:`col2im`)
+
+Activation codes and derivatives are those of :mod:`qatlab.kernels.dense` (in terms of the output).
+Max pooling keeps the flat index (within the H x W plane) of each window's maximum, so its backward
+is one scatter-add. Every sum runs in a fixed order on one thread: the results do not depend on the
+thread count.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .dense import LEAKY_RELU, LEAKY_SLOPE, RELU, SIGMOID, SIGN, TANH
+
+_ZERO = np.float32(0.0)
+_ONE = np.float32(1.0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _valid(n_out, stride, offset, size):
+    """[lo, hi) of the output positions o with 0 <= o*stride + offset < size."""
+    lo = 0
+    if offset < 0:
+        lo = (-offset + stride - 1) // stride
+    hi = (size - 1 - offset) // stride + 1 if size - 1 - offset >= 0 else 0
+    if hi > n_out:
+        hi = n_out
+    if hi < lo:
+        hi = lo
+    return lo, hi
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def im2col(x, kh, kw, sh, sw, ph, pw, cols):
+    """cols (C*kh*kw, B*OH*OW) from x (B, C, H, W) (module doc); zero where the window leaves x."""
+    B, C, H, W = x.shape
+    OH = (H + 2 * ph - kh) // sh + 1
+    OW = (W + 2 * pw - kw) // sw + 1
+    for c in range(C):
+        for i in range(kh):
+            for j in range(kw):
+                r = (c * kh + i) * kw + j
+                lo, hi = _valid(OW, sw, j - pw, W)
+                for b in range(B):
+                    for oh in range(OH):
+                        q = (b * OH + oh) * OW
+                        ih = oh * sh - ph + i
+                        if ih < 0 or ih >= H:
+                            for ow in range(OW):
+                                cols[r, q + ow] = _ZERO
+                            continue
+                        for ow in range(lo):
+                            cols[r, q + ow] = _ZERO
+                        off = j - pw
+                        for ow in range(lo, hi):
+                            cols[r, q + ow] = x[b, c, ih, ow * sw + off]
+                        for ow in range(hi, OW):
+                            cols[r, q + ow] = _ZERO
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def col2im(cols, kh, kw, sh, sw, ph, pw, dx):
+    """dx (B, C, H, W) = the sum of every cols entry (C*kh*kw, B*OH*OW) into the pixel it was read
+    from by :func:`im2col` (overwrites dx; entries from the padding are dropped)."""
+    B, C, H, W = dx.shape
+    OH = (H + 2 * ph - kh) // sh + 1
+    OW = (W + 2 * pw - kw) // sw + 1
+    dx[:] = _ZERO
+    for b in range(B):
+        for c in range(C):
+            for i in range(kh):
+                for j in range(kw):
+                    r = (c * kh + i) * kw + j
+                    lo, hi = _valid(OW, sw, j - pw, W)
+                    off = j - pw
+                    for oh in range(OH):
+                        ih = oh * sh - ph + i
+                        if ih < 0 or ih >= H:
+                            continue
+                        q = (b * OH + oh) * OW
+                        for ow in range(lo, hi):
+                            dx[b, c, ih, ow * sw + off] += cols[r, q + ow]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def cols_to_nchw(z, bias, act, y):
+    """y[b, o, p] = act(z[o, b*P + p] + bias[o]); z (Cout, B*P), bias (Cout,), y (B, Cout, P)."""
+    B, Co, P = y.shape
+    for b in range(B):
+        for o in range(Co):
+            bo = bias[o]
+            q = b * P
+            if act == RELU:
+                for p in range(P):
+                    v = z[o, q + p] + bo
+                    y[b, o, p] = _ZERO if v < _ZERO else v
+            elif act == LEAKY_RELU:
+                for p in range(P):
+                    v = z[o, q + p] + bo
+                    y[b, o, p] = v * LEAKY_SLOPE if v < _ZERO else v
+            elif act == TANH:
+                for p in range(P):
+                    y[b, o, p] = np.tanh(z[o, q + p] + bo)
+            elif act == SIGMOID:
+                for p in range(P):
+                    y[b, o, p] = _ONE / (_ONE + np.exp(-(z[o, q + p] + bo)))
+            elif act == SIGN:
+                for p in range(P):
+                    y[b, o, p] = np.sign(z[o, q + p] + bo)
+            else:
+                for p in range(P):
+                    y[b, o, p] = z[o, q + p] + bo
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def nchw_to_cols(dy, y, act, dz, db):
+    """dz[o, b*P + p] = dy[b, o, p] * act'(y[b, o, p]) and db[o] = sum over b, p of it (in b, p
+    order); dy, y (B, Cout, P) (y the activation output), dz (Cout, B*P), db (Cout,)."""
+    B, Co, P = dy.shape
+    db[:] = _ZERO
+    for b in range(B):
+        for o in range(Co):
+            q = b * P
+            if act == RELU:
+                for p in range(P):
+                    dz[o, q + p] = dy[b, o, p] if y[b, o, p] > _ZERO else _ZERO
+            elif act == LEAKY_RELU:
+                for p in range(P):
+                    dz[o, q + p] = dy[b, o, p] if y[b, o, p] > _ZERO else dy[b, o, p] * LEAKY_SLOPE
+            elif act == TANH:
+                for p in range(P):
+                    dz[o, q + p] = dy[b, o, p] * (_ONE - y[b, o, p] * y[b, o, p])
+            elif act == SIGMOID:
+                for p in range(P):
+                    dz[o, q + p] = dy[b, o, p] * (y[b, o, p] * (_ONE - y[b, o, p]))
+            else:   # identity, and sign's straight-through estimator
+                for p in range(P):
+                    dz[o, q + p] = dy[b, o, p]
+            s = _ZERO
+            for p in range(P):
+                s += dz[o, q + p]
+            db[o] += s
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def maxpool_forward(x, kh, kw, sh, sw, y, idx):
+    """y[b, c, oh, ow] = max of the kh x kw window of x (B, C, H, W) at (oh*sh, ow*sw); idx (int32,
+    shape of y) gets the flat index ih*W + iw of the first maximum (a NaN wins and stays)."""
+    B, C, OH, OW = y.shape
+    W = x.shape[3]
+    for b in range(B):
+        for c in range(C):
+            for oh in range(OH):
+                for ow in range(OW):
+                    h0, w0 = oh * sh, ow * sw
+                    best = x[b, c, h0, w0]
+                    at = h0 * W + w0
+                    if best == best:
+                        for i in range(kh):
+                            for j in range(kw):
+                                v = x[b, c, h0 + i, w0 + j]
+                                if v > best or v != v:
+                                    best = v
+                                    at = (h0 + i) * W + w0 + j
+                                    if v != v:
+                                        break
+                            if best != best:
+                                break
+                    y[b, c, oh, ow] = best
+                    idx[b, c, oh, ow] = at
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def maxpool_backward(dy, idx, dx):
+    """dx (B, C, H, W) = 0, then dx[b, c].flat[idx[b, c, oh, ow]] += dy[b, c, oh, ow] (in order)."""
+    B, C, H, W = dx.shape
+    OH, OW = dy.shape[2], dy.shape[3]
+    dx[:] = _ZERO
+    for b in range(B):
+        for c in range(C):
+            for oh in range(OH):
+                for ow in range(OW):
+                    k = idx[b, c, oh, ow]
+                    dx[b, c, k // W, k % W] += dy[b, c, oh, ow]

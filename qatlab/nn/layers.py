@@ -1,0 +1,310 @@
+r"""Layers: :class:`Conv2d`, :class:`MaxPool2d`, :class:`Flatten`, :class:`Linear` (float32, NCHW).
+
+Each layer has ``forward(x) -> y`` and ``backward(dy) -> dx`` (dL/dy of the last forward in, dL/dx
+out); layers with weights also store ``grad_weight`` / ``grad_bias``. ``weight`` is (out, in, kh, kw)
+for a convolution and (out, in) for a linear layer, ``bias`` (out,); both writable float32 arrays.
+The arrays a layer returns are its own buffers, overwritten by its next call (allocated once per
+input shape). Weights start He-normal (std sqrt(2 / fan_in)) from ``np.random.default_rng(seed)``,
+biases at 0.
+
+:class:`ConvGeom` with :func:`conv_forward` / :func:`conv_backward` is the convolution on
+caller-owned buffers; :class:`~qatlab.nn.cnn.Cnn` drives the same functions with its own buffers.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import parallel
+from ..kernels.conv import col2im, cols_to_nchw, im2col, maxpool_backward, maxpool_forward, nchw_to_cols
+from ..kernels.dense import IDENTITY, bias_grad
+
+
+def _int(name: str, v, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name}: expected an int >= {lo}, got {v!r}")
+    if v < lo:
+        raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
+    return int(v)
+
+
+def pair(name: str, v, lo: int) -> tuple[int, int]:
+    """(h, w) from an int or a pair of ints, each >= lo (TypeError/ValueError naming ``name``)."""
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2:
+            raise ValueError(f"{name}: expected an int or a pair (h, w) of ints >= {lo}, got {v!r}")
+        return _int(name, v[0], lo), _int(name, v[1], lo)
+    return (_int(name, v, lo),) * 2
+
+
+def he_normal(rng, shape, fan_in: int) -> np.ndarray:
+    return (rng.standard_normal(shape) * math.sqrt(2.0 / fan_in)).astype(np.float32)
+
+
+def _f32(name: str, x, ndim: int) -> np.ndarray:
+    if type(x) is not np.ndarray or x.dtype != np.float32 or not x.flags.c_contiguous:
+        if np.asarray(x).dtype.kind not in "biuf":
+            raise TypeError(f"{name}: expected a numeric (float32) array, got dtype {np.asarray(x).dtype}")
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-d array, got shape {x.shape}")
+    return x
+
+
+def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out = a @ b (float32); split into column blocks of b/out on the cores when large (each block
+    is a whole product over the same inner dimension, so the split changes no sum)."""
+    m, k = a.shape
+    n = b.shape[1]
+    parts = min(parallel.cores(), n // 64) if m * k * n >= parallel.MIN_MACS else 1
+    if parts < 2:
+        return np.dot(a, b, out=out)
+    parallel.split_rows(lambda lo, hi: np.matmul(a, b[:, lo:hi], out=out[:, lo:hi]), n, parts)
+    return out
+
+
+@dataclass(frozen=True)
+class ConvGeom:
+    """Shapes of one convolution over (C, H, W) images: output (Cout, OH, OW), ``ck = C*kh*kw`` rows
+    of its im2col matrix and ``p = OH*OW`` columns per image."""
+
+    c_in: int
+    c_out: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    ph: int
+    pw: int
+    h: int
+    w: int
+
+    @property
+    def oh(self) -> int:
+        return (self.h + 2 * self.ph - self.kh) // self.sh + 1
+
+    @property
+    def ow(self) -> int:
+        return (self.w + 2 * self.pw - self.kw) // self.sw + 1
+
+    @property
+    def ck(self) -> int:
+        return self.c_in * self.kh * self.kw
+
+    @property
+    def p(self) -> int:
+        return self.oh * self.ow
+
+    def check(self, name: str = "kernel_size") -> "ConvGeom":
+        """ValueError naming ``name`` when the kernel is larger than the padded image."""
+        if self.kh > self.h + 2 * self.ph or self.kw > self.w + 2 * self.pw:
+            raise ValueError(f"{name}: a {self.kh}x{self.kw} kernel does not fit a {self.h}x{self.w} "
+                             f"feature map (padding {self.ph}x{self.pw})")
+        return self
+
+
+def conv_forward(g: ConvGeom, x, w2, bias, act: int, cols, z, y) -> None:
+    """y (B, Cout, OH, OW) = act(conv(x) + bias) for x (B, C, H, W); w2 (Cout, ck); scratch cols
+    (ck, B*p) and z (Cout, B*p) (kept for the backward)."""
+    im2col(x, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, cols)
+    gemm(w2, cols, z)
+    cols_to_nchw(z, bias, act, y.reshape(y.shape[0], g.c_out, g.p))
+
+
+def conv_backward(g: ConvGeom, dy, y, act: int, cols, w2, dz, dw2, db, dcols=None, dx=None) -> None:
+    """From dy = dL/dy (B, Cout, OH, OW) and the forward's y and cols: dw2 (Cout, ck), db (Cout,) and,
+    when dx (B, C, H, W) is given, dx (through dcols (ck, B*p)). dz (Cout, B*p) is scratch."""
+    B = dy.shape[0]
+    nchw_to_cols(dy.reshape(B, g.c_out, g.p), y.reshape(B, g.c_out, g.p), act, dz, db)
+    gemm(dz, cols.T, dw2)
+    if dx is not None:
+        gemm(w2.T, dz, dcols)
+        col2im(dcols, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, dx)
+
+
+def pool_size(size: int, k: int, s: int) -> int:
+    return (size - k) // s + 1
+
+
+class Conv2d:
+    """2-d convolution ``y = conv(x, weight) + bias`` (cross-correlation, as torch's conv2d).
+
+    x (B, in_channels, H, W) -> y (B, out_channels, OH, OW), OH = (H + 2 ph - kh) // sh + 1.
+    kernel_size, stride, padding: an int or a pair (h, w).
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, seed=0):
+        self.in_channels = _int("in_channels", in_channels, 1)
+        self.out_channels = _int("out_channels", out_channels, 1)
+        self.kernel_size = pair("kernel_size", kernel_size, 1)
+        self.stride = pair("stride", stride, 1)
+        self.padding = pair("padding", padding, 0)
+        seed = _int("seed", seed, 0)
+        kh, kw = self.kernel_size
+        fan_in = self.in_channels * kh * kw
+        self._w = he_normal(np.random.default_rng(seed), (self.out_channels, fan_in), fan_in)
+        self._b = np.zeros(self.out_channels, np.float32)
+        self._gw = np.zeros_like(self._w)
+        self.grad_bias = np.zeros_like(self._b)
+        self._bufs, self._g, self._last = None, None, None
+
+    weight = property(lambda self: self._w.reshape(self.out_channels, self.in_channels, *self.kernel_size),
+                      lambda self, v: _assign(self.weight, v, "weight"))
+    bias = property(lambda self: self._b, lambda self, v: _assign(self._b, v, "bias"))
+    grad_weight = property(lambda self: self._gw.reshape(self.weight.shape))
+
+    def _buffers(self, shape):
+        if self._bufs is None or self._bufs[0] != shape:
+            B, C, H, W = shape
+            g = ConvGeom(C, self.out_channels, *self.kernel_size, *self.stride, *self.padding, H, W).check()
+            n = B * g.p
+            self._g = g
+            self._bufs = (shape, np.empty((g.ck, n), np.float32), np.empty((g.c_out, n), np.float32),
+                          np.empty((B, g.c_out, g.oh, g.ow), np.float32), np.empty((g.ck, n), np.float32),
+                          np.empty((B, C, H, W), np.float32))
+        return self._bufs
+
+    def forward(self, x) -> np.ndarray:
+        """y (B, out_channels, OH, OW) for x (B, in_channels, H, W)."""
+        x = _f32("x", x, 4)
+        if x.shape[1] != self.in_channels or x.shape[0] < 1:
+            raise ValueError(f"x: expected shape (batch >= 1, {self.in_channels}, H, W), got {x.shape}")
+        _, cols, z, y, _, _ = self._buffers(x.shape)
+        conv_forward(self._g, x, self._w, self._b, IDENTITY, cols, z, y)
+        self._last = x.shape
+        return y
+
+    def backward(self, dy) -> np.ndarray:
+        """dx (B, in_channels, H, W) from dy = dL/dy of the last forward; sets grad_weight/grad_bias."""
+        if self._last is None:
+            raise ValueError("dy: call forward(x) before backward(dy)")
+        _, cols, z, y, dcols, dx = self._bufs
+        dy = _f32("dy", dy, 4)
+        if dy.shape != y.shape:
+            raise ValueError(f"dy: expected shape {y.shape} (the last output), got {dy.shape}")
+        conv_backward(self._g, dy, y, IDENTITY, cols, self._w, z, self._gw, self.grad_bias, dcols, dx)
+        return dx
+
+    def __repr__(self) -> str:
+        return (f"Conv2d({self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding})")
+
+
+class MaxPool2d:
+    """Max pooling over kh x kw windows (stride defaults to the window), no padding, floor mode:
+    x (B, C, H, W) -> y (B, C, (H - kh) // sh + 1, (W - kw) // sw + 1). The backward sends each
+    output's gradient to the (first) maximum of its window."""
+
+    def __init__(self, kernel_size, stride=None):
+        self.kernel_size = pair("kernel_size", kernel_size, 1)
+        self.stride = self.kernel_size if stride is None else pair("stride", stride, 1)
+        self._bufs = None
+        self._last = None
+
+    def forward(self, x) -> np.ndarray:
+        x = _f32("x", x, 4)
+        B, C, H, W = x.shape
+        (kh, kw), (sh, sw) = self.kernel_size, self.stride
+        if kh > H or kw > W:
+            raise ValueError(f"kernel_size: a {kh}x{kw} window does not fit a {H}x{W} input")
+        if self._bufs is None or self._bufs[0] != x.shape:
+            shape = (B, C, pool_size(H, kh, sh), pool_size(W, kw, sw))
+            self._bufs = (x.shape, np.empty(shape, np.float32), np.empty(shape, np.int32),
+                          np.empty(x.shape, np.float32))
+        _, y, idx, _ = self._bufs
+        maxpool_forward(x, kh, kw, sh, sw, y, idx)
+        self._last = x.shape
+        return y
+
+    def backward(self, dy) -> np.ndarray:
+        if self._last is None:
+            raise ValueError("dy: call forward(x) before backward(dy)")
+        _, y, idx, dx = self._bufs
+        dy = _f32("dy", dy, 4)
+        if dy.shape != y.shape:
+            raise ValueError(f"dy: expected shape {y.shape} (the last output), got {dy.shape}")
+        maxpool_backward(dy, idx, dx)
+        return dx
+
+    def __repr__(self) -> str:
+        return f"MaxPool2d(kernel_size={self.kernel_size}, stride={self.stride})"
+
+
+class Flatten:
+    """(B, ...) -> (B, prod(...)) (a view); the backward reshapes dy back to the last input's shape."""
+
+    def __init__(self):
+        self._last = None
+
+    def forward(self, x) -> np.ndarray:
+        x = np.asarray(x)
+        if x.ndim < 1:
+            raise ValueError(f"x: expected an array with a batch axis, got shape {x.shape}")
+        self._last = x.shape
+        return x.reshape(x.shape[0], -1)
+
+    def backward(self, dy) -> np.ndarray:
+        if self._last is None:
+            raise ValueError("dy: call forward(x) before backward(dy)")
+        dy = np.asarray(dy)
+        if dy.size != math.prod(self._last) or dy.shape[:1] != self._last[:1]:
+            raise ValueError(f"dy: expected {self._last[0]} rows of {math.prod(self._last[1:])} values, got {dy.shape}")
+        return dy.reshape(self._last)
+
+    def __repr__(self) -> str:
+        return "Flatten()"
+
+
+class Linear:
+    """Dense layer ``y = x @ weight.T + bias``: x (B, in_features) -> y (B, out_features)."""
+
+    def __init__(self, in_features, out_features, seed=0):
+        self.in_features = _int("in_features", in_features, 1)
+        self.out_features = _int("out_features", out_features, 1)
+        seed = _int("seed", seed, 0)
+        self._w = he_normal(np.random.default_rng(seed), (self.out_features, self.in_features), self.in_features)
+        self._b = np.zeros(self.out_features, np.float32)
+        self.grad_weight = np.zeros_like(self._w)
+        self.grad_bias = np.zeros_like(self._b)
+        self._x, self._y, self._dx = None, None, None
+
+    weight = property(lambda self: self._w, lambda self, v: _assign(self._w, v, "weight"))
+    bias = property(lambda self: self._b, lambda self, v: _assign(self._b, v, "bias"))
+
+    def forward(self, x) -> np.ndarray:
+        x = _f32("x", x, 2)
+        if x.shape[1] != self.in_features or x.shape[0] < 1:
+            raise ValueError(f"x: expected shape (batch >= 1, {self.in_features}), got {x.shape}")
+        if self._y is None or self._y.shape[0] != x.shape[0]:
+            self._y = np.empty((x.shape[0], self.out_features), np.float32)
+            self._dx = np.empty(x.shape, np.float32)
+        gemm(x, self._w.T, self._y)
+        self._y += self._b
+        self._x = x
+        return self._y
+
+    def backward(self, dy) -> np.ndarray:
+        if self._x is None:
+            raise ValueError("dy: call forward(x) before backward(dy)")
+        dy = _f32("dy", dy, 2)
+        if dy.shape != self._y.shape:
+            raise ValueError(f"dy: expected shape {self._y.shape} (the last output), got {dy.shape}")
+        gemm(dy.T, self._x, self.grad_weight)
+        bias_grad(dy, self.grad_bias)
+        return gemm(dy, self._w, self._dx)
+
+    def __repr__(self) -> str:
+        return f"Linear({self.in_features}, {self.out_features})"
+
+
+def _assign(target: np.ndarray, value, name: str) -> None:
+    """Copy ``value`` into ``target`` (same shape, finite numbers): weights stay views of one buffer."""
+    v = np.asarray(value)
+    if v.dtype.kind not in "biuf":
+        raise TypeError(f"{name}: expected a numeric array, got dtype {v.dtype}")
+    if v.shape != target.shape:
+        raise ValueError(f"{name}: expected shape {target.shape}, got {v.shape}")
+    target[...] = v
