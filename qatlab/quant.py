@@ -69,11 +69,19 @@ def integer_range(bits: int, symmetric: bool, narrow_range: bool) -> tuple[int, 
     return qmin, qmax
 
 
+#: The scales float32 holds with a finite inverse and finite levels: at least the smallest normal
+#: float32 (a subnormal s loses bits and 1/s overflows), at most FLT_MAX / 2^16 (every level
+#: (q - zp) s of a 16-bit range stays finite).
+SCALE_MIN = float(np.finfo(np.float32).tiny)
+SCALE_MAX = float(np.finfo(np.float32).max) / 2.0**16
+
+
 def _check_scale(scale) -> np.ndarray:
     raw = np.asarray(scale)  # strings, None, objects: rejected below with a message naming the field
     arr = raw.astype(np.float64) if raw.dtype.kind in "fiu" else np.full(raw.shape, np.nan)
-    if arr.ndim > 1 or arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-        raise ValueError(f"scale: must be a finite number > 0 (or a 1-D array of them), got {scale!r}")
+    if arr.ndim > 1 or arr.size == 0 or not np.all((arr >= SCALE_MIN) & (arr <= SCALE_MAX)):
+        raise ValueError(f"scale: must be a finite number > 0 that float32 holds, in [{SCALE_MIN:.4g}, "
+                         f"{SCALE_MAX:.4g}] (or a 1-D array of them), got {scale!r}")
     return arr
 
 

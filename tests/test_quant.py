@@ -678,6 +678,30 @@ def test_changing_range_fields_revalidates_zero_point():
     assert fs.narrow_range is False
 
 
+@pytest.mark.parametrize("scale", [1e39, 3.4e38, 1e34, 1e-45, 1e-39, float("inf"),
+                                   np.array([0.1, 1e39]), np.array([1e-45, 0.1], F32)])
+def test_scale_that_float32_cannot_hold_is_refused_everywhere(scale):
+    """Beyond float32 max (forward gave NaN), subnormal (1/s overflows) or with levels past float32
+    max: refused by the constructor, the Param setter and update_params, nothing changed."""
+    per_channel = np.ndim(scale) == 1
+    with pytest.raises(ValueError, match=r"scale: must be a finite number > 0 that float32 holds"):
+        ql.FakeQuantize(bits=8, scale=scale, axis=0 if per_channel else None)
+    fq = ql.FakeQuantize(bits=8, scale=np.full(2, 0.1) if per_channel else 0.1, axis=0 if per_channel else None)
+    before = snapshot(fq)
+    with pytest.raises(ValueError, match="scale"):
+        fq.update_params(scale, np.zeros(2, np.int64) if per_channel else 0)
+    with pytest.raises(ValueError, match="scale"):
+        fq.scale = scale
+    assert_same_snapshot(before, snapshot(fq))
+
+
+def test_extreme_scales_float32_holds_give_finite_levels(rng):
+    x = rng.standard_normal(64).astype(F32) * F32(1e30)
+    for s in (ql.quant.SCALE_MIN, ql.quant.SCALE_MAX):
+        fq = ql.FakeQuantize(bits=16, symmetric=True, scale=s)
+        assert np.all(np.isfinite(fq.forward(x))) and np.all(np.isfinite(fq.float_range()))
+
+
 @pytest.mark.parametrize("scale,zp,field", [(-1.0, 0, "scale"), (float("nan"), 0, "scale"), (0.0, 0, "scale"),
                                             (0.5, 300, "zero_point"), (0.5, 2.5, "zero_point"),
                                             (np.ones(3), np.zeros(2, np.int64), "zero_point")])
