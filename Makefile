@@ -5,6 +5,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PORT ?= 5006
+# `make serve` listens on this machine only; to share it, e.g. `make serve ADDRESS=0.0.0.0 ORIGIN=myhost:5006`
+# (README, "Safety"; ORIGIN may list several). SERVE_ARGS passes more `panel serve` options (e.g. --basic-auth).
+ADDRESS ?= 127.0.0.1
+ORIGIN ?=
+SERVE_ARGS ?=
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 
 .PHONY: serve test bench install
@@ -18,7 +23,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 serve: $(STAMP)
-	$(VENV)/bin/panel serve app/ --port $(PORT) --static-dirs assets=./assets --warm
+	$(VENV)/bin/panel serve app/ --address $(ADDRESS) --port $(PORT) --static-dirs assets=./assets --warm \
+		--allow-websocket-origin 127.0.0.1:$(PORT) --allow-websocket-origin localhost:$(PORT) \
+		$(foreach o,$(ORIGIN),--allow-websocket-origin $(o)) $(SERVE_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest
