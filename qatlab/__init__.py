@@ -30,6 +30,8 @@ from .quant import (FakeQuantize, MinMaxObserver, MovingAverageMinMaxObserver, T
 from . import data
 from .runs import Run, RunResult, compare_ste, run_experiment, start_ste_comparison
 from .nn import Gradients, Mlp, Scratch
+from .nn.export import ExportedModel, load_exported
+from .nn.summary import ModelSummary, summary
 from .fused import FusedStep
 from .ternary_mlp import TernaryMLP
 from .train.ste import QatResult, SteTrainer

@@ -305,6 +305,11 @@ class Mlp:
         grads._input_batch = B if need_input_grad else 0
         return grads.d_input() if need_input_grad else None
 
+    def export(self, path) -> str:
+        """Write integer weights, scales and architecture to ``path`` (.npz); see :mod:`qatlab.nn.export`."""
+        from .export import export_model
+        return export_model(self, path)
+
     def __repr__(self) -> str:
         q = sum(q is not None for q in self._wq), sum(q is not None for q in self._aq)
         return (f"Mlp({list(self.sizes)}, activation={self.activation!r}, bias={self.bias}, "
