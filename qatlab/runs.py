@@ -4,14 +4,21 @@ A :class:`Run` snapshots its config, trains in a daemon thread and writes rows
 into its :class:`~qatlab.metrics.MetricsLog`; views read the log and call only
 ``start/stop/pause/resume``. Kernels release the GIL, so several runs train at
 once. Status moves ``created -> running (<-> paused) -> finished | stopped |
-diverged | failed``; a diverging loss or an exception never escapes the thread.
+diverged | failed``; a diverging loss or an exception never escapes the thread: ``diverged``
+is a numeric blow-up, ``failed`` a bug, whose message is one line (``TypeName: why``) while the
+traceback goes to the ``qatlab.runs`` logger.
+
+Memory: an ended run keeps its model and last weight snapshot until :meth:`Run.release` (or
+:func:`release_ended`, called as each registered run ends, keeping the :data:`KEEP_MODELS`
+latest); its log, final metrics and config stay. :func:`delete_run` removes a run from the
+registry. Who may change a run from a page: :meth:`Run.may_change`.
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,8 +27,32 @@ from .config import ExperimentConfig
 from .metrics import MetricsLog
 from .ste import SteKind
 
+log = logging.getLogger(__name__)
+
 ACTIVE = ("running", "paused")
 DONE = ("finished", "stopped", "diverged", "failed")
+KEEP_MODELS = 8        # ended registered runs whose model stays in memory (the latest ones)
+NAME_LIMIT = 80        # characters of a run name
+MESSAGE_LIMIT = 240    # characters of a failed run's message
+
+
+def failure_message(exc: BaseException, limit: int = MESSAGE_LIMIT) -> str:
+    """One readable line for a failed run: ``TypeName: message`` (whitespace folded), at most ``limit`` chars."""
+    text = " ".join(str(exc).split())
+    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return line if len(line) <= limit else line[: limit - 1] + "\u2026"
+
+
+def checked_name(name) -> str:
+    """A valid run name (stripped): 1..NAME_LIMIT printable characters, no ``<`` or ``>`` (pages
+    show names to every other page, some as Markdown); else TypeError/ValueError."""
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a str, got {type(name).__name__}")
+    text = name.strip()
+    if not text or len(text) > NAME_LIMIT or not text.isprintable() or "<" in text or ">" in text:
+        raise ValueError(f"name: expected 1 to {NAME_LIMIT} printable characters other than < and >, "
+                         f"got {name!r:.100}")
+    return text
 
 
 @dataclass
@@ -71,6 +102,39 @@ def get_run(run_id: str) -> "Run":
     raise KeyError(f"run_id: no run {run_id!r}")
 
 
+def delete_run(run) -> "Run":
+    """Remove ``run`` (a Run or a run id) from the registry and return it; ``KeyError`` if not listed.
+
+    An active run is stopped first; its model is released once it has ended (at once if it has)."""
+    if not isinstance(run, (Run, str)):
+        raise TypeError(f"run: expected a Run or a run id, got {type(run).__name__}")
+    with _registry_lock:
+        found = next((r for r in _registry if r is run or r.id == run), None)
+        if found is None:
+            raise KeyError(f"run: no run {run!r} in the registry")
+        _registry.remove(found)
+        found._registered = False
+    found.stop()
+    with found._status_lock:
+        found._release_when_done = True
+        ended = found.done
+    if ended:
+        found.release()
+    return found
+
+
+def release_ended(keep: int = KEEP_MODELS) -> list["Run"]:
+    """Release the models of the registry's ended runs except the ``keep`` that ended last; returns
+    the runs released now."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise ValueError(f"keep: expected an int >= 0, got {keep!r}")
+    held = sorted((r for r in all_runs() if r.done and not r.released), key=lambda r: r.finished_at or 0.0)
+    old = held[: max(len(held) - keep, 0)]
+    for run in old:
+        run.release()
+    return old
+
+
 class Run:
     """One experiment in a background thread.
 
@@ -87,7 +151,7 @@ class Run:
         config.validate()
         self.config = config.copy()
         self.id = f"run-{next(_ids):04d}"
-        self.name = name or self.id
+        self._name = self.id if name is None else checked_name(name)
         self.owner = owner
         self.keep_alive = keep_alive
         self.log = MetricsLog() if log_capacity is None else MetricsLog(log_capacity)
@@ -105,24 +169,54 @@ class Run:
         self._thread: threading.Thread | None = None
         self._snapshot_lock = threading.Lock()
         self._weights: dict | None = None
-        if register:  # listed by all_runs() (the dashboard's Runs table) for the process's lifetime
+        self.released = False             # model and weight snapshot dropped (release())
+        self._release_when_done = False   # deleted while active: release once ended
+        self._registered = register
+        if register:  # listed by all_runs() (the dashboard's Runs table) until delete_run()
             with _registry_lock:
                 _registry.append(self)
+
+    @property
+    def name(self) -> str:
+        """Label shown in tables and legends; settable (1..NAME_LIMIT printable characters)."""
+        return self._name
+
+    @name.setter
+    def name(self, value) -> None:
+        self._name = checked_name(value)
+
+    def may_change(self, owner) -> bool:
+        """Whether a page of ``owner`` may stop, pause, rename or delete this run: the runs it
+        started always; any other run only once it has ended (it is read-only while it runs)."""
+        return self.done or (self.owner is not None and self.owner == owner)
+
+    def release(self) -> None:
+        """Drop the model and the weight snapshot of an ended run (history, final metrics and
+        config stay); ``RuntimeError`` while it is active. Idempotent."""
+        with self._status_lock:
+            if not self.done:
+                raise RuntimeError(f"{self.id}: only an ended run can be released, status is {self.status}")
+            if self.result is not None:
+                self.result.model = None
+            with self._snapshot_lock:
+                self._weights = None
+            self.released = True
 
     # ------------------------------------------------------------------ control
 
     def start(self) -> "Run":
-        """Begin training in a daemon thread; returns self. A run starts once; a run stopped
-        before it started stays stopped (the call does nothing)."""
-        if self._thread is not None:
-            raise RuntimeError(f"{self.id}: already started")
-        with self._status_lock:
+        """Begin training in a daemon thread; returns self. A run starts once (a second call,
+        from any thread, raises ``RuntimeError``); a run stopped before it started stays
+        stopped (the call does nothing)."""
+        with self._status_lock:   # check-and-start in one step: concurrent calls start one thread
+            if self._thread is not None:
+                raise RuntimeError(f"{self.id}: already started")
             if self.status in DONE:
                 return self
             self.status = "running"
-        self.started_at = time.time()
-        self._thread = threading.Thread(target=self._main, name=self.id, daemon=True)
-        self._thread.start()
+            self.started_at = time.time()
+            self._thread = threading.Thread(target=self._main, name=self.id, daemon=True)
+            self._thread.start()
         return self
 
     def stop(self) -> None:
@@ -203,12 +297,18 @@ class Run:
             self.result = train_experiment(self.config, self.log, report=self._report,
                                            publish_weights=self._publish_weights)
             status, message = self.result.status, self.result.message
-        except Exception:  # a failed run must never take the process down
-            status, message = "failed", traceback.format_exc()
+        except Exception as exc:  # a failed run must never take the process down
+            log.exception("qatlab: run %s (%s) failed", self.id, self._name)
+            status, message = "failed", failure_message(exc)
         with self._status_lock:  # a concurrent pause()/resume() must not overwrite the final status
             self.finished_at = time.time()
             self.message = message
             self.status = status
+            release = self._release_when_done
+        if release:
+            self.release()
+        elif self._registered:
+            release_ended()
 
     def summary(self) -> dict:
         """One table row: id, name, status, progress and final metrics plus flattened config."""

@@ -3,16 +3,19 @@ leave the process fine, weight snapshots, summary rows, the registry, run_experi
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sys
 import threading
 import time
+import traceback
 
 import numpy as np
 import pytest
 
 import qatlab as ql
-from qatlab.runs import ACTIVE, DONE, RunControl, all_runs, get_run
+from qatlab.runs import (ACTIVE, DONE, KEEP_MODELS, MESSAGE_LIMIT, NAME_LIMIT, RunControl, all_runs,
+                         delete_run, failure_message, get_run, release_ended)
 
 
 def tiny(weights="float", epochs=3, **optim) -> ql.ExperimentConfig:
@@ -94,6 +97,31 @@ def test_start_twice_raises():
     with pytest.raises(RuntimeError, match="already started"):
         run.start()
     assert run.join(30) and run.status == "finished"
+
+
+def test_start_from_eight_threads_starts_one_training_thread(stopper):
+    run = ql.Run(endless())
+    stopper(run)
+    barrier = threading.Barrier(8)
+    outcomes = []
+
+    def go():
+        barrier.wait()
+        try:
+            outcomes.append(run.start())
+        except RuntimeError as exc:
+            outcomes.append(exc)
+
+    callers = [threading.Thread(target=go) for _ in range(8)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(10)
+    assert sum(o is run for o in outcomes) == 1
+    assert sum(isinstance(o, RuntimeError) and "already started" in str(o) for o in outcomes) == 7
+    assert [t.name for t in threading.enumerate()].count(run.id) == 1
+    run.stop()
+    assert run.join(20) and run.status == "stopped"
 
 
 def test_registry_lists_runs_in_order_and_finds_them_by_id():
@@ -268,7 +296,7 @@ def test_diverging_cross_entropy_run_diverges(phase):
     assert res.status == "diverged" and "nan" in res.message
 
 
-def test_corrupt_file_fails_with_traceback(tmp_path):
+def test_corrupt_file_fails_with_one_line_and_logs_the_traceback(tmp_path, caplog):
     good = tmp_path / "good.npz"
     rng = np.random.default_rng(0)
     np.savez_compressed(good, X=rng.random((60, 4)).astype(np.float32), y=np.arange(60) % 3)
@@ -276,20 +304,23 @@ def test_corrupt_file_fails_with_traceback(tmp_path):
     bad.write_bytes(good.read_bytes()[:-40])                 # a truncated download
     cfg = tiny()
     cfg.data.dataset, cfg.data.path = "file", str(bad)
+    caplog.set_level(logging.ERROR, logger="qatlab.runs")
     run = ql.Run(cfg).start()
     assert run.join(30)
     assert run.status == "failed" and run.done and run.result is None
-    assert run.message.startswith("Traceback (most recent call last)")
-    assert "load_arrays" in run.message                       # the real stack, not a summary
-    assert re.match(r"^[\w.]+: .+", run.message.strip().splitlines()[-1])   # ends with "SomeError: why"
+    assert "\n" not in run.message and len(run.message) <= MESSAGE_LIMIT
+    assert re.match(r"^\w+: .+", run.message) and "Traceback" not in run.message   # "SomeError: why"
+    logged = [r for r in caplog.records if r.name == "qatlab.runs" and run.id in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None      # the full traceback is in the server log
+    assert "load_arrays" in "".join(traceback.format_exception(*logged[0].exc_info))   # the real stack
     assert np.isnan(run.summary()["test_accuracy"])
     res = ql.run_experiment(cfg)                              # the blocking API does not raise either
-    assert res.status == "failed" and "Traceback" in res.message and res.final == {}
+    assert res.status == "failed" and res.message == run.message and res.final == {}
     cfg.data.path = str(good)                                 # and the process is fine afterwards
     assert ql.run_experiment(cfg).status == "finished"
 
 
-def test_exception_mid_training_fails_and_keeps_rows(monkeypatch):
+def test_exception_mid_training_fails_and_keeps_rows(monkeypatch, caplog):
     import qatlab.train.experiment as experiment
     real = experiment._layer_row
     calls = {"n": 0}
@@ -297,15 +328,26 @@ def test_exception_mid_training_fails_and_keeps_rows(monkeypatch):
     def flaky(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] > 6:                                   # 2 layers -> rows for 3 steps, then boom
-            raise RuntimeError("boom in layer_row")
+            raise RuntimeError("boom in layer_row\n  second line " + "x" * 500)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(experiment, "_layer_row", flaky)
+    caplog.set_level(logging.ERROR, logger="qatlab.runs")
     run = ql.Run(tiny()).start()
     assert run.join(30)
-    assert run.status == "failed" and "RuntimeError: boom in layer_row" in run.message
-    assert "Traceback" in run.message and "layer_row" in run.message
+    assert run.status == "failed" and run.message.startswith("RuntimeError: boom in layer_row second line xxx")
+    assert len(run.message) == MESSAGE_LIMIT and run.message.endswith("\u2026")   # shortened, one line
     assert len(run.log) == 3 and run.finished_at is not None
+    (record,) = [r for r in caplog.records if run.id in r.getMessage()]
+    assert record.levelno == logging.ERROR and record.exc_info[0] is RuntimeError
+
+
+def test_failure_message_is_one_short_line():
+    assert failure_message(ValueError("scale: must be > 0")) == "ValueError: scale: must be > 0"
+    assert failure_message(KeyError()) == "KeyError"
+    assert failure_message(OSError("a\n\tb   c"), limit=20) == "OSError: a b c"
+    long = failure_message(MemoryError("x" * 1000), limit=50)
+    assert len(long) == 50 and long.startswith("MemoryError: xxx") and long.endswith("\u2026")
 
 
 # ----------------------------------------------------------------------------- run_experiment, compare_ste
@@ -425,3 +467,90 @@ def test_training_paused_stops_steps_until_the_block_ends_and_nests():
         assert run.join(30)
     assert experiment.STEP_SLOTS.acquire(blocking=False)   # every slot was given back
     experiment.STEP_SLOTS.release()
+
+
+# ----------------------------------------------------------------------------- rename, delete, release, ownership
+
+def test_name_is_settable_and_validated():
+    run = ql.Run(tiny(), name="  first  ")
+    assert run.name == "first"
+    run.name = "second try"
+    assert run.name == "second try" and run.summary()["name"] == "second try"
+    for bad in ("", "   ", "x" * (NAME_LIMIT + 1), "tab\there", "new\nline", "<b>bold</b>"):
+        with pytest.raises(ValueError, match="name: expected 1 to"):
+            run.name = bad
+    with pytest.raises(TypeError, match="name: expected a str"):
+        run.name = 5
+    with pytest.raises(ValueError, match="name"):
+        ql.Run(tiny(), name="")
+    assert run.name == "second try"                            # refused values change nothing
+
+
+def test_delete_removes_from_the_registry_and_stops_an_active_run():
+    ended = ql.Run(tiny()).start()
+    assert ended.join(30) and ended.result.model is not None
+    assert delete_run(ended.id) is ended
+    assert ended not in all_runs() and ended.released and ended.result.model is None
+    assert ended.result.final and len(ended.log) > 0           # history and final metrics stay
+    with pytest.raises(KeyError, match="run"):
+        delete_run(ended.id)
+    with pytest.raises(TypeError, match="run: expected a Run or a run id"):
+        delete_run(3)
+    active = ql.Run(endless()).start()
+    wait_for(lambda: active.steps_done > 0, what="steps")
+    delete_run(active)
+    assert active not in all_runs()
+    assert active.join(20) and active.status == "stopped"
+    wait_for(lambda: active.released, what="the deleted run to be released once it ended")
+    assert active.weight_snapshot() is None and active.result.model is None
+
+
+def test_release_drops_model_and_snapshot_but_keeps_history(stopper):
+    run = ql.Run(endless())
+    stopper(run)
+    with pytest.raises(RuntimeError, match="only an ended run"):
+        run.release()
+    run.start()
+    wait_for(lambda: run.weight_snapshot() is not None, what="a weight snapshot")
+    with pytest.raises(RuntimeError, match="only an ended run"):
+        run.release()
+    run.stop()
+    assert run.join(20)
+    history, final, config = run.log.columns(), dict(run.result.final), run.config.to_dict()
+    run.release()
+    run.release()                                              # idempotent
+    assert run.released and run.result.model is None and run.weight_snapshot() is None
+    assert run.status == "stopped" and run.result.final == final and run.config.to_dict() == config
+    np.testing.assert_array_equal(run.log.columns()["loss"], history["loss"])
+    assert run in all_runs() and run.summary()["steps"] == run.steps_done   # still listed
+
+
+def test_ended_runs_beyond_keep_models_are_released_automatically():
+    runs = [ql.Run(tiny(epochs=1)) for _ in range(KEEP_MODELS + 3)]
+    for run in runs:                                           # one after another: a clear order of ending
+        run.start()
+        assert run.join(30) and run.status == "finished"
+    held = [r for r in all_runs() if r.done and not r.released]
+    assert len(held) <= KEEP_MODELS
+    assert all(r.result.model is not None for r in runs[-KEEP_MODELS:])
+    assert all(r.released and r.result.model is None for r in runs[:3])
+    assert all(np.isfinite(r.result.final["test_accuracy"]) for r in runs)
+    assert release_ended(keep=2) == runs[-KEEP_MODELS:-2]
+    with pytest.raises(ValueError, match="keep"):
+        release_ended(keep=-1)
+
+
+def test_may_change_own_runs_always_other_runs_once_ended(stopper):
+    mine = ql.Run(endless(), owner="page-a")
+    stopper(mine)
+    cli = ql.Run(endless())                                    # a notebook's or the command line's run
+    stopper(cli)
+    assert mine.may_change("page-a") and not mine.may_change("page-b")
+    assert not cli.may_change("page-a") and not cli.may_change(None)
+    mine.start()
+    cli.start()
+    assert mine.may_change("page-a") and not mine.may_change("page-b") and not cli.may_change("page-a")
+    mine.stop()
+    cli.stop()
+    assert mine.join(20) and cli.join(20)
+    assert mine.may_change("page-b") and cli.may_change("page-a")
