@@ -196,3 +196,41 @@ def test_export_rejects_bad_path_and_axis(tmp_path):
     with pytest.raises(ValueError, match="axis"):
         model.export(tmp_path / "x")
     assert not list(tmp_path.iterdir())            # nothing written
+
+
+# ----------------------------------------------------------------------------- Cnn
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_cnn_round_trip_bit_for_bit(case, tmp_path):
+    from qatlab.nn.cnn import Cnn
+    from qatlab.train.build import activation_quantizer, weight_quantizer
+
+    cfg = _cfg(case)
+    model = Cnn((1, 10, 10), [3, 4], 5, hidden=[6], kernel_size=3, pool=2, seed=4)
+    rng = np.random.default_rng(5)
+    for _, p in model.parameters():
+        p += rng.standard_normal(p.shape).astype(np.float32) * 0.1
+    model.set_quantizers([weight_quantizer(cfg, model.weights(i)) for i in range(model.num_layers)],
+                         [activation_quantizer(cfg) for _ in range(model.num_layers - 1)])
+    x = _x(9, 100, seed=6)
+    model.forward(x, model.scratch(9))
+    set_observing(model, False)
+    loaded = ql.load_exported(model.export(tmp_path / "cnn"))
+    np.testing.assert_array_equal(loaded.forward(x), model.forward(x, model.scratch(9)))
+    np.testing.assert_array_equal(loaded.forward(x.reshape(9, 1, 10, 10)), loaded.forward(x))
+    assert [r["name"] for r in loaded.meta["layers"]] == ["conv0", "conv1", "dense0", "dense1"]
+    assert loaded.meta["layers"][0]["weight_shape"] == [3, 1, 3, 3]
+    assert loaded.architecture["kind"] == "cnn" and loaded.architecture["conv_channels"] == [3, 4]
+
+
+def test_cnn_file_with_wrong_architecture(tmp_path):
+    from qatlab.nn.cnn import Cnn
+
+    path = Cnn((1, 10, 10), [3], 5, kernel_size=3, pool=2).export(tmp_path / "c")
+    bad = _rewrite(path, tmp_path / "bad.npz", lambda m, a: m["architecture"].update(conv_channels=[4]))
+    with pytest.raises(ValueError, match="do not fit"):
+        ql.load_exported(bad)
+    bad = _rewrite(path, tmp_path / "bad2.npz", lambda m, a: m["architecture"].update(kernel_size=[11, 11]))
+    with pytest.raises(ValueError, match="kernel_size"):
+        ql.load_exported(bad)

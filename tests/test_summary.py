@@ -101,3 +101,41 @@ def test_bad_input():
         summary(np.zeros(3))
     with pytest.raises(TypeError, match="config"):
         summary(ql.Mlp([4, 2]), config={"quant": "x"})
+
+
+def _cnn(weights="float"):
+    from qatlab.nn.cnn import Cnn
+
+    model = Cnn((1, 8, 8), [2], 3, kernel_size=3, pool=2)      # conv 1->2 3x3: 2x6x6, pool: 2x3x3, dense 18->3
+    if weights == "ternary":
+        model.set_quantizers([ql.TernaryQuantizer(), ql.TernaryQuantizer()])
+    return model
+
+
+def test_cnn_by_hand():
+    s = summary(_cnn())
+    assert [r["name"] for r in s.layers] == ["conv0", "maxpool0", "flatten", "dense0"]
+    conv, pool, flat, dense = s.layers
+    assert conv["weight_shape"] == (2, 1, 3, 3) and conv["output_shape"] == (2, 6, 6)
+    assert (conv["weights"], conv["biases"], conv["macs"]) == (18, 2, 2 * 9 * 36)
+    assert pool["output_shape"] == (2, 3, 3) and pool["params"] == 0 and pool["macs"] == 0
+    assert flat["output_shape"] == (18,)
+    assert (dense["weights"], dense["biases"], dense["macs"]) == (54, 3, 54)
+    t = s.totals
+    assert (t["params"], t["macs"], t["memory_bytes"]) == (77, 702, 308) and t["compression"] == 1.0
+
+
+def test_ternary_cnn_by_hand():
+    s = summary(_cnn("ternary"))
+    conv, _, _, dense = s.layers
+    assert conv["memory_bytes"] == 18 * 2 / 8 + 8 + 4 and dense["memory_bytes"] == 54 * 2 / 8 + 12 + 4
+    assert s.totals["compression"] == pytest.approx(308 / 46)
+    assert "conv0" in str(s) and "maxpool0" in str(s) and "2x6x6" in str(s)
+
+
+def test_lenet_macs():
+    from qatlab.nn.cnn import Cnn
+
+    t = summary(Cnn((1, 28, 28), [16, 32], 10, kernel_size=5, pool=2)).totals
+    assert t["params"] == (16 * 25 + 16) + (32 * 16 * 25 + 32) + (512 * 10 + 10)
+    assert t["macs"] == 16 * 25 * 576 + 32 * 400 * 64 + 5120

@@ -289,6 +289,11 @@ class Cnn:
         if q is not None:
             q.backward(grads._dw[i], self._w[i], grads._dw[i])
 
+    def export(self, path) -> str:
+        """Write integer weights, scales and architecture to ``path`` (.npz); see :mod:`qatlab.nn.export`."""
+        from .export import export_model
+        return export_model(self, path)
+
     def __repr__(self) -> str:
         q = sum(q is not None for q in self._wq), sum(q is not None for q in self._aq)
         return (f"Cnn(image_shape={self.image_shape}, conv_channels={list(self.conv_channels)}, "

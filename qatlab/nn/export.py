@@ -134,18 +134,33 @@ def _write(path, meta: dict, arrays: dict) -> str:
     return path
 
 
+def _cnn_layers(model):
+    """(architecture, [(name, weights, bias, quantizer)]) of a Cnn; conv kernels as (Cout, C, kh, kw)."""
+    arch = {"kind": "cnn", "image_shape": list(model.image_shape), "conv_channels": list(model.conv_channels),
+            "n_outputs": int(model.dense_sizes[-1]), "hidden": list(model.dense_sizes[1:-1]),
+            "kernel_size": list(model.kernel_size), "pool": list(model.pool), "activation": model.activation}
+    named = []
+    for i, spec in enumerate(model.layer_specs()):
+        conv = spec["kind"] == "conv"
+        w = model.weights(i).reshape(spec["weight_shape"])
+        name = f"conv{i}" if conv else f"dense{i - model.n_conv}"
+        named.append((name, w, model.biases(i), model.weight_quantizers[i]))
+    return arch, named
+
+
 def export_model(model, path) -> str:
     """Write ``model`` (Mlp or Cnn) to ``path`` (``.npz`` added if missing); returns the path."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}")
+    from .cnn import Cnn
     from .mlp import Mlp
 
     if isinstance(model, Mlp):
         arch = {"kind": "mlp", "sizes": list(model.sizes), "activation": model.activation, "bias": model.bias}
         named = [(f"dense{i}", model.weights(i), model.biases(i), model.weight_quantizers[i])
                  for i in range(model.num_layers)]
-    elif callable(getattr(model, "export_layers", None)):
-        arch, named = model.export_layers()
+    elif isinstance(model, Cnn):
+        arch, named = _cnn_layers(model)
     else:
         raise TypeError(f"model: expected an Mlp or Cnn, got {type(model).__name__}")
     layers, arrays = [], {}
@@ -308,14 +323,9 @@ class ExportedModel:
 
     def forward(self, x) -> np.ndarray:
         """Outputs (B, K) float32 for inputs x (a new array)."""
-        from .mlp import Mlp
-
-        if isinstance(self.model, Mlp):
-            x = np.asarray(x)
-            B = max(len(x), 1) if x.ndim >= 1 else 1
-            return self.model.forward(x, self.model.scratch(B)).copy()
-        return np.array(self.model.predict_logits(x) if hasattr(self.model, "predict_logits")
-                        else self.model.forward(x), np.float32)
+        x = np.asarray(x)
+        B = len(x) if x.ndim >= 1 and len(x) else 1
+        return self.model.forward(x, self.model.scratch(B)).copy()
 
     def predict(self, x) -> np.ndarray:
         """Predicted class per row (argmax of :meth:`forward`)."""
@@ -341,16 +351,27 @@ def load_exported(path) -> ExportedModel:
     if arch.get("kind") == "mlp":
         model = _build_mlp(arch, layers, weights, biases, aq, path)
     elif arch.get("kind") == "cnn":
-        from . import cnn
-
-        model = _build_cnn(cnn, arch, weights, biases, aq, path)
+        model = _build_cnn(arch, weights, biases, aq, path)
     else:
         raise _bad(path, f"unknown architecture kind {arch.get('kind')!r}")
     return ExportedModel(model, meta)
 
 
-def _build_cnn(cnn, arch, weights, biases, acts, path):
+def _build_cnn(arch: dict, weights: list, biases: list, acts: list, path):
+    from .cnn import Cnn
+
     try:
-        return cnn.Cnn.from_export(arch, weights, biases, acts)
+        model = Cnn(tuple(arch["image_shape"]), list(arch["conv_channels"]), int(arch["n_outputs"]),
+                    hidden=list(arch["hidden"]), kernel_size=tuple(arch["kernel_size"]), pool=tuple(arch["pool"]),
+                    activation=arch["activation"], activation_quantizers=acts)
     except (KeyError, TypeError, ValueError) as e:
         raise _bad(path, f"architecture {arch!r}: {e}") from None
+    if len(weights) != model.num_layers:
+        raise _bad(path, f"{len(weights)} layer records for {model.num_layers} layers")
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        target = model.weights(i)
+        if w.size != target.size or w.shape[0] != target.shape[0] or b is None:
+            raise _bad(path, f"layer {i}: weights {w.shape} / bias do not fit the architecture ({target.shape})")
+        target[:] = w.reshape(target.shape)
+        model.biases(i)[:] = b
+    return model

@@ -86,14 +86,36 @@ def _mlp_rows(model) -> list[dict]:
     return rows
 
 
+def _cnn_rows(model) -> list[dict]:
+    """conv rows (each followed by its max pool), a flatten row, then the dense rows."""
+    rows, wq, aq = [], model.weight_quantizers, model.activation_quantizers
+    n_conv, dense = model.n_conv, 0
+    for i, spec in enumerate(model.layer_specs()):
+        act_q = aq[i] if i < len(aq) else None
+        if spec["kind"] == "conv":
+            c_out = spec["weight_shape"][0]
+            rows.append(layer_row(f"conv{i}", "conv", spec["weight_shape"], c_out, spec["macs"],
+                                  spec["conv_shape"], wq[i], act_q))
+            if tuple(spec["pool"]) != (1, 1):
+                rows.append(plain_row(f"maxpool{i}", "maxpool", spec["out_shape"]))
+            if i == n_conv - 1:
+                rows.append(plain_row("flatten", "flatten", (math.prod(spec["out_shape"]),)))
+        else:
+            n_out = spec["weight_shape"][0]
+            rows.append(layer_row(f"dense{dense}", "dense", spec["weight_shape"], n_out, spec["macs"],
+                                  spec["out_shape"], wq[i], act_q))
+            dense += 1
+    return rows
+
+
 def _model_rows(model) -> list[dict]:
+    from .cnn import Cnn
     from .mlp import Mlp
 
     if isinstance(model, Mlp):
         return _mlp_rows(model)
-    rows = getattr(model, "summary_rows", None)
-    if callable(rows):
-        return rows()
+    if isinstance(model, Cnn):
+        return _cnn_rows(model)
     raise TypeError(f"model: expected an Mlp or Cnn, got {type(model).__name__}")
 
 
