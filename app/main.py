@@ -13,7 +13,15 @@ try:
 except ImportError:  # served from a plain checkout: the package sits next to app/
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+from qatlab import warmup  # noqa: E402
 from qatlab.ui import Dashboard, template_kwargs  # noqa: E402
+
+# Compile the kernels of the first runs once per process. `panel serve --warm` (make serve) runs this
+# file once before the server listens (no request headers then): wait there, so the first Start
+# trains at once; a server started without --warm compiles in the background and the page says so.
+warmup.start()
+if not pn.state.headers:
+    warmup.wait()
 
 pn.extension("tabulator", notifications=True)
 

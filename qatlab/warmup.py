@@ -40,6 +40,7 @@ def default_configs() -> list[tuple[str, ExperimentConfig]]:
         if kind.value != ExperimentConfig().quant.ste:
             add(f"STE {kind.value}", quant__ste=kind.value)
     add("phase training", phase__enabled=True)
+    add("phase training (least squares)", phase__enabled=True, phase__predictor="least_squares")
     add("fake-quantized weights", quant__weights="fake")
     add("fake weights + activations", quant__weights="fake", quant__activations="fake")
     add("float weights", quant__weights="float")
@@ -80,13 +81,17 @@ _start_lock = threading.Lock()
 _thread: threading.Thread | None = None
 
 
+#: Phase runs reach some kernels only after a few FULL/predict cycles (digits: 23 steps an epoch).
+PHASE_EPOCHS = 6
+
+
 def _tiny(config: ExperimentConfig) -> ExperimentConfig:
-    """``config`` trained for one epoch (synthetic data capped at 400 samples): the same kernels
-    and argument types, a fraction of the time."""
+    """``config`` trained for one epoch, phase runs for a few cycles (synthetic data capped at 400
+    samples): the same kernels and argument types, a fraction of the time."""
     if not isinstance(config, ExperimentConfig):
         raise TypeError(f"configs: expected (label, ExperimentConfig) pairs, got {type(config).__name__}")
     cfg = config.copy()
-    cfg.optim.epochs = 1
+    cfg.optim.epochs = PHASE_EPOCHS if cfg.phase.enabled else 1
     if cfg.data.dataset == "synthetic":
         cfg.data.n_samples = min(cfg.data.n_samples, 400)
     cfg.validate()

@@ -23,6 +23,7 @@ import math
 import panel as pn
 import param
 
+from .. import warmup
 from ..runs import Run
 from . import figures as F
 from .base import LiveView, Throttle, bokeh_pane, short_message
@@ -45,6 +46,9 @@ def format_seconds(seconds: float) -> str:
 
 def progress_text(runs: list[Run]) -> tuple[float, str]:
     """(progress 0..1, ``"step a / b · r steps/s · ETA t"``) of one run or a group of runs."""
+    compiling = warmup.status_text()   # Numba compiling: say so rather than "step 0 · loss nan"
+    if compiling and not any(r.steps_done or r.done for r in runs):
+        return 0.0, compiling
     if not runs:
         return 0.0, "No run yet: press **Start**."
     done = sum(r.steps_done for r in runs)
@@ -192,6 +196,10 @@ class RunView(LiveView):
         self.alert.object = text
         rs = self.hub.stream(run)
         acc = rs.last("test_accuracy")
+        compiling = warmup.status_text() if status == "running" and not run.steps_done else None
+        if compiling:
+            self.stats.object = compiling
+            return
         parts = [f"step {run.steps_done:,} / {run.total_steps:,}",
                  f"loss {rs.last('loss_s'):.4f} (EMA)"]
         if math.isfinite(acc):
