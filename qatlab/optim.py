@@ -272,6 +272,8 @@ class Optimizer:
         max_grad_norm, l2, decay, then :meth:`_scalars` of that step (zero-padded), written into
         ``out`` (default: a buffer that the next call overwrites) by
         :func:`~qatlab.kernels.optim_kernels.fused_row`; changes nothing else (see :meth:`fused_done`)."""
+        if not (lr.__class__ is float and 0.0 <= lr < math.inf):   # NaN, inf, negative: refused
+            lr = _check_number("lr", lr, 0.0, math.inf)
         sc = self._fused_scalars if out is None else out
         fused_row(self._code, self.fused_constants(), self.t + 1 + ahead, float(lr), sc)
         return sc

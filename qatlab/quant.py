@@ -35,6 +35,7 @@ import numpy as np
 import param
 
 from . import parallel
+from .diverged import NonFiniteError
 from .kernels import fakequant as K
 from .ste import SteKind
 
@@ -155,7 +156,7 @@ class MinMaxObserver:
             lo, hi = np.empty(view.shape[1]), np.empty(view.shape[1])
             finite = K.minmax_pc(view, lo, hi)
         if not finite:
-            raise ValueError("x: observed data contains NaN or inf; the observer was left unchanged")
+            raise NonFiniteError("x: observed data contains NaN or inf; the observer was left unchanged")
         return lo, hi
 
     def _combine(self, lo, hi):
@@ -580,7 +581,7 @@ def _ternary_alpha(wv: np.ndarray) -> np.float32:
 def _absmean(w: np.ndarray) -> float:
     alpha = float(_ternary_alpha(w.reshape(-1)))
     if not math.isfinite(alpha):
-        raise ValueError("w: contains NaN or inf; cannot compute the absmean scale")
+        raise NonFiniteError("w: contains NaN or inf; cannot compute the absmean scale")
     return alpha
 
 
@@ -630,7 +631,7 @@ class TernaryQuantizer(param.Parameterized):
                 scalars = (f32(1.0) / alpha, alpha, f32(0.0), f32(-1.0), f32(1.0))
                 parallel.elementwise(K.fq_forward, (wv,), scalars, outv)
         if not math.isfinite(alpha):
-            raise ValueError("w: contains NaN or inf; cannot compute the absmean scale")
+            raise NonFiniteError("w: contains NaN or inf; cannot compute the absmean scale")
         self.alpha = alpha
         return out
 

@@ -195,6 +195,30 @@ def test_bad_input_is_refused():
     assert opt.t == 0 and np.array_equal(mlp.flat_params(), params)
 
 
+@pytest.mark.parametrize("opt_kind", ["sgd", "momentum", "adam"])
+def test_non_finite_or_negative_lr_is_refused_with_nothing_changed(opt_kind):
+    """lr=nan made every parameter NaN; now the step, the optimizer's own step and its fused
+    scalars refuse it, naming lr, before anything moves."""
+    mlp, scratch, grads, opt = _pair(opt_kind)[0]
+    fused = FusedStep(mlp, scratch, grads, opt)
+    x, target = next(_batches(1, "ce"))
+    params, state = mlp.flat_params().copy(), [s.copy() for s in opt._state]
+    for bad in (math.nan, math.inf, -math.inf, -0.1, np.float32("nan"), "0.1", None.__class__):
+        with pytest.raises((ValueError, TypeError), match="lr"):
+            fused(x, **target, lr=bad)
+        with pytest.raises((ValueError, TypeError), match="lr"):
+            opt.step(grads.flat(), lr=bad)
+        with pytest.raises((ValueError, TypeError), match="lr"):
+            opt.fused_scalars(bad)
+    for bad in (math.nan, math.inf, 0.0, -1.0):
+        with pytest.raises(ValueError, match="lr"):
+            _optimizer(opt_kind, mlp.flat_params()).__class__(mlp.flat_params(), lr=bad)
+    assert opt.t == 0 and np.array_equal(mlp.flat_params(), params)
+    assert all(np.array_equal(a, b) for a, b in zip(opt._state, state))
+    fused(x, **target, lr=np.float32(0.01))          # a numpy float that is finite still steps
+    assert opt.t == 1 and not np.array_equal(mlp.flat_params(), params)
+
+
 @pytest.mark.parametrize("loss", ["ce", "onehot", "mse"])
 @pytest.mark.parametrize("opt_kind", ["momentum", "adam"])
 def test_steps_match_one_call_per_step(loss, opt_kind):

@@ -35,14 +35,16 @@ import numpy as np
 from .. import parallel
 from ..config import ExperimentConfig
 from ..data import Dataset, load_dataset
+from ..diverged import NonFiniteError
 from ..fpmode import subnormals_flushed
 from ..fused import FusedStep
 from ..kernels.dense import count_correct, sum_squares, two_sign_counts
 from ..kernels.fused import LAYER_SUMS, layer_sums
+from ..kernels.phase_kernels import all_finite
 from ..metrics import MetricsLog
 from ..nn import Mlp, cross_entropy_loss, mse_loss
 from ..optim import make_optimizer
-from ..quant import FLOAT32_EPS, FakeQuantize, TernaryQuantizer, _noise_stats
+from ..quant import FLOAT32_EPS, SCALE_MAX, FakeQuantize, TernaryQuantizer, _noise_stats
 from .build import build_model, set_observing
 
 EVAL_CHUNK = 1024
@@ -146,8 +148,9 @@ class _LsqScales:
     8-bit scale of ~0.02 by ~lr = 0.01 per step and collapses it.
     """
 
-    def __init__(self, quantizers, cfg, steps_per_epoch):
+    def __init__(self, quantizers, cfg, steps_per_epoch, layers=None):
         self.quantizers = quantizers
+        self.layers = list(range(len(quantizers))) if layers is None else list(layers)   # for messages
         self.sizes = [np.size(q.scale) for q in quantizers]
         scales = np.concatenate([np.atleast_1d(q.scale).astype(np.float32) for q in quantizers])
         self.log_scales = np.log(scales)
@@ -160,11 +163,25 @@ class _LsqScales:
             self.grads[i: i + n] = q.scale_grad * np.atleast_1d(q.scale)
             i += n
         self.opt.step(self.grads)
-        scales = np.maximum(np.exp(self.log_scales), FLOAT32_EPS)
+        with np.errstate(over="ignore", invalid="ignore"):
+            scales = np.maximum(np.exp(self.log_scales), FLOAT32_EPS)
+        if not np.all(scales <= SCALE_MAX):     # NaN or past what float32 holds: the run diverged
+            self._blew_up(scales)
         i = 0
         for q, n in zip(self.quantizers, self.sizes):
             s = scales[i: i + n]
             q.update_params(s.copy() if np.ndim(q.scale) else float(s[0]), q.zero_point)
+            i += n
+
+    def _blew_up(self, scales: np.ndarray) -> None:
+        """Raise NonFiniteError naming the first layer whose scale left float32 (nothing updated)."""
+        i = 0
+        for layer, n in zip(self.layers, self.sizes):
+            bad = scales[i: i + n][~(scales[i: i + n] <= SCALE_MAX)]
+            if bad.size:
+                value = float(bad[0])
+                raise NonFiniteError(f"scale: LSQ scale of layer {layer} became {value}",
+                                     f"LSQ scale of layer {layer}", value)
             i += n
 
 
@@ -256,18 +273,19 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
     data = load_dataset(cfg.data)
     if data.n_train == 0 or data.n_test == 0:
         raise ValueError("data: the train and test splits must both be non-empty")
-    mlp = build_model(cfg, data.n_features, data.n_outputs)
+    mlp = build_model(cfg, data.n_features, data.n_outputs, getattr(data, "image_shape", None))
     bs = min(cfg.optim.batch_size, data.n_train)
     steps_per_epoch = math.ceil(data.n_train / bs)
     total = steps_per_epoch * cfg.optim.epochs
     opt = make_optimizer(cfg.optim, mlp.flat_params(), steps_per_epoch)
     lsq = _lsq_quantizers(mlp)
-    lsq = _LsqScales(lsq, cfg, steps_per_epoch) if lsq else None
+    lsq = _LsqScales(lsq, cfg, steps_per_epoch, [mlp.weight_quantizers.index(q) for q in lsq]) if lsq else None
     loss_fn = _Loss(cfg.optim.loss, data, bs)
     scratch, grads = mlp.scratch(bs), mlp.gradients(bs)
-    eval_scratch = mlp.scratch(min(EVAL_CHUNK, data.n_test))
+    n_eval = min(EVAL_CHUNK, data.n_test)   # a Cnn's evaluation scratch runs its convs in smaller chunks
+    eval_scratch = mlp.scratch(n_eval) if isinstance(mlp, Mlp) else mlp.scratch(n_eval, backward=False)
     # one Numba call per step for small models without LSQ scales (qatlab.fused); the same numbers
-    fused = FusedStep.build(mlp, scratch, grads, opt) if lsq is None else None
+    fused = FusedStep.build(mlp, scratch, grads, opt) if lsq is None and isinstance(mlp, Mlp) else None   # MLP only
     # FusedStep.steps() arguments: runs of full batches go in one call (module doc)
     block = loss_fn.fused_block(data.y_train) if fused is not None else None
     xbuf = np.empty((bs, data.n_features), np.float32)
@@ -307,53 +325,59 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
             # runs of full batches in one call, up to the next metrics row (module doc)
             left, logged = data.n_train - pos, -1
             to_row = _run_limit(step, every, left // bs)
-            run = 0
-            if block is not None and to_row:
-                run = to_row if phase is None else phase.backward_run_length(to_row)
-            if run:
-                t_before, idx = opt.t, order[pos: pos + run * bs]
-                with STEP_SLOTS:
-                    if phase is None:
-                        fused.steps(data.X_train, idx, run, **block)
-                    else:
-                        phase.backward_run(data.X_train, idx, run, **block)
-                losses, lr, n_rows = fused.losses.tolist(), opt.schedule(t_before + len(fused.losses) - 1), bs
-                correct, counted, used = int(fused.correct.sum()), len(losses) * bs, len(losses) * bs
-            # a predict block, to its end or the epoch's: its PREDICT steps read no batch (the run may end on
-            # the epoch's partial batch) but the ones that log a metrics row, which the kernel measures
-            elif phase is not None and (run := phase.block_run_length(-(-left // bs))):
-                t_before, before = opt.t, time.perf_counter() - t0
-                rows = [j for j in range(run) if (step + j + 1) % every == 0 or step + j == 0]
-                with STEP_SLOTS:
-                    losses, correct, n_rows, records = phase.block_run(data.X_train, order[pos: pos + run * bs], run,
-                                                                       bs, rows=rows, **block)
-                counted, used = n_rows * sum(v is not None for v in losses), min(len(losses) * bs, left)
-                for j, row_loss, seconds, updates, sums, columns in records:
-                    layers, nonzero = _merged(_layer_row_of_sums(mlp, i, sums[LAYER_SUMS * i:LAYER_SUMS * (i + 1)])
-                                              for i in range(mlp.num_layers))
-                    log.append(_metrics_row(step + j + 1, epoch + min(pos + (j + 1) * bs, data.n_train) / data.n_train,
-                                            before + seconds, row_loss, opt.schedule(t_before + updates), layers,
-                                            nonzero, n_weights, columns))
-                lr, logged = opt.schedule(t_before), step + len(losses)
-            else:
-                idx = order[pos: pos + bs]
-                xb = data.X_train.take(idx, axis=0, out=xbuf[: len(idx)])   # the method: np.take's
-                yb = data.y_train.take(idx, axis=0, out=ybuf[: len(idx)])   # wrapper costs 0.6 us more
-                lr, n_rows = opt.lr, len(idx)
-                with STEP_SLOTS:
-                    if phase is None and fused is not None:
-                        loss = fused(xb, **loss_fn.fused(yb), lr=lr)
-                    elif phase is None:
-                        loss = loss_fn(mlp.forward(xb, scratch), yb, grads.d_output_mut())
-                        if math.isfinite(loss):
-                            mlp.backward(xb, scratch, grads, need_input_grad=False)
-                            update(grads.flat(), True)
-                    else:   # a PREDICT step measures its loss only for a metrics row (None otherwise)
-                        loss = phase.step(xb, yb, update, need_loss=(step + 1) % every == 0 or step == 0)
-                losses, correct, counted, used = [loss], 0, 0, n_rows
-                if loss is not None and math.isfinite(loss) and loss_fn.classify:
-                    out = scratch.output()    # gradient accumulation leaves the last micro-batch's rows
-                    correct, counted = count_correct(out, yb[len(yb) - len(out):]), len(out)
+            try:   # a loss, gradient, scale or parameter that left float32 ends the run as diverged
+                run = 0
+                if block is not None and to_row:
+                    run = to_row if phase is None else phase.backward_run_length(to_row)
+                if run:
+                    t_before, idx = opt.t, order[pos: pos + run * bs]
+                    with STEP_SLOTS:
+                        if phase is None:
+                            fused.steps(data.X_train, idx, run, **block)
+                        else:
+                            phase.backward_run(data.X_train, idx, run, **block)
+                    losses, lr, n_rows = fused.losses.tolist(), opt.schedule(t_before + len(fused.losses) - 1), bs
+                    correct, counted, used = int(fused.correct.sum()), len(losses) * bs, len(losses) * bs
+                # a predict block, to its end or the epoch's: its PREDICT steps read no batch (the run may end on
+                # the epoch's partial batch) but the ones that log a metrics row, which the kernel measures
+                elif phase is not None and (run := phase.block_run_length(-(-left // bs))):
+                    t_before, before = opt.t, time.perf_counter() - t0
+                    rows = [j for j in range(run) if (step + j + 1) % every == 0 or step + j == 0]
+                    with STEP_SLOTS:
+                        losses, correct, n_rows, records = phase.block_run(data.X_train, order[pos: pos + run * bs], run,
+                                                                           bs, rows=rows, **block)
+                    counted, used = n_rows * sum(v is not None for v in losses), min(len(losses) * bs, left)
+                    for j, row_loss, seconds, updates, sums, columns in records:
+                        layers, nonzero = _merged(_layer_row_of_sums(mlp, i, sums[LAYER_SUMS * i:LAYER_SUMS * (i + 1)])
+                                                  for i in range(mlp.num_layers))
+                        log.append(_metrics_row(step + j + 1, epoch + min(pos + (j + 1) * bs, data.n_train) / data.n_train,
+                                                before + seconds, row_loss, opt.schedule(t_before + updates), layers,
+                                                nonzero, n_weights, columns))
+                    lr, logged = opt.schedule(t_before), step + len(losses)
+                else:
+                    idx = order[pos: pos + bs]
+                    xb = data.X_train.take(idx, axis=0, out=xbuf[: len(idx)])   # the method: np.take's
+                    yb = data.y_train.take(idx, axis=0, out=ybuf[: len(idx)])   # wrapper costs 0.6 us more
+                    lr, n_rows = opt.lr, len(idx)
+                    with STEP_SLOTS:
+                        if phase is None and fused is not None:
+                            loss = fused(xb, **loss_fn.fused(yb), lr=lr)
+                        elif phase is None:
+                            loss = loss_fn(mlp.forward(xb, scratch), yb, grads.d_output_mut())
+                            if math.isfinite(loss):
+                                mlp.backward(xb, scratch, grads, need_input_grad=False)
+                                update(grads.flat(), True)
+                        else:   # a PREDICT step measures its loss only for a metrics row (None otherwise)
+                            loss = phase.step(xb, yb, update, need_loss=(step + 1) % every == 0 or step == 0)
+                    losses, correct, counted, used = [loss], 0, 0, n_rows
+                    if loss is not None and math.isfinite(loss) and loss_fn.classify:
+                        out = scratch.output()    # gradient accumulation leaves the last micro-batch's rows
+                        correct, counted = count_correct(out, yb[len(yb) - len(out):]), len(out)
+            except NonFiniteError as exc:
+                status = "diverged"
+                seen = phase.trainer.total_step + 1 if phase is not None else step + 1
+                message = _diverged_message(exc.describe(seen), mlp, seen, epoch, exc.quantity is None)
+                break
             step += len(losses)
             pos += used
             loss = losses[-1]
@@ -369,10 +393,14 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
             acc_correct += correct
             acc_rows += counted
             elapsed = time.perf_counter() - t0
+            layers = {}
             if (step % every == 0 or step == 1) and step != logged:       # (a block run logs its own rows)
                 layers, nonzero = _merged(_layer_row(mlp, grads, scratch, i) for i in range(mlp.num_layers))
                 log.append(_metrics_row(step, epoch + pos / data.n_train, elapsed, loss, lr, layers, nonzero, n_weights,
                                         None if phase is None else phase.metrics()))
+            if (step % every == 0 or step == 1 or step == logged) and (blown := _blown_up(mlp, layers)):
+                status, message = "diverged", _diverged_message(f"{blown} at step {step}", mlp, step, epoch, False)
+                break
             if publish_weights is not None and elapsed - last_snap >= SNAPSHOT_SECONDS:
                 last_snap = elapsed
                 publish_weights({f"layer{i}": (mlp.weights(i).copy(), scratch.weights_used(i).copy())
@@ -399,6 +427,28 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
         final.update(phase.final())
     return RunResult(history=log.columns(), final=final, model=mlp, status=status, message=message,
                      config=cfg.to_dict())
+
+
+def _blown_up(mlp: Mlp, layers: dict) -> str | None:
+    """What the metrics row's layer columns ``layers`` (empty: no row) or the parameters show
+    non-finite ("gradient of layer 1 became inf"), or None; one pass over the parameters."""
+    for i in range(mlp.num_layers):
+        norm = layers.get(f"grad_norm_{i}", 0.0)
+        if not math.isfinite(norm):
+            return f"gradient of layer {i} became {norm}"
+    if all_finite(mlp.flat_params()):
+        return None
+    name = next(name for name, p in mlp.parameters() if not all_finite(p.reshape(-1)))
+    return f"parameter {name} became NaN or inf"
+
+
+def _diverged_message(what: str, mlp: Mlp, step: int, epoch: int, name_parameter: bool) -> str:
+    """The diverged run's message: ``what`` became non-finite at ``step``, or (``name_parameter``:
+    ``what`` is an observer's or quantizer's complaint) the parameter that did, if one did."""
+    if name_parameter and not all_finite(mlp.flat_params()):
+        name = next(name for name, p in mlp.parameters() if not all_finite(p.reshape(-1)))
+        what = f"parameter {name} became NaN or inf at step {step}"
+    return f"{what} (epoch {epoch + 1}); try a lower learning rate or gradient clipping"
 
 
 def _run_limit(step: int, every: int, full_batches: int) -> int:

@@ -94,6 +94,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..config import PhaseConfig
+from ..diverged import NonFiniteError
 from ..kernels import clock
 from ..kernels.dense import sum_squares
 from ..kernels.fused import predicted_steps
@@ -525,7 +526,7 @@ class PhaseTrainer:
             raise RuntimeError("record_written: the step's gradient is already recorded")
         if not math.isfinite(sumsq):
             self._layout.check_flat(self._real)          # raises, naming the parameter
-            raise ValueError(f"sumsq: must be finite, got {sumsq}")
+            raise NonFiniteError(f"sumsq: must be finite, got {sumsq}", "gradient norm", sumsq)
         self._micro = 1
         self._micro_batches += 1
         self._finish_real_gradient(sumsq)
@@ -667,7 +668,7 @@ class PhaseTrainer:
         real = self._real
         if done < len(losses) and math.isfinite(losses[done]):     # the gradient is not finite
             self._layout.check_flat(real)                           # raises, naming the parameter
-            raise ValueError(f"sumsq: must be finite, got {sumsqs[done]}")
+            raise NonFiniteError(f"sumsq: must be finite, got {sumsqs[done]}", "gradient norm", sumsqs[done])
         if done:
             first = self._total
             self._real = pred.adopt_run(real, first, done)
@@ -870,7 +871,7 @@ class PhaseTrainer:
             losses.append(loss)
             if bad_gradient:
                 self._layout.check_flat(self._real)                 # raises, naming the parameter
-                raise ValueError("sumsq: must be finite, got a non-finite gradient")
+                raise NonFiniteError("sumsq: must be finite, got a non-finite gradient", "gradient norm")
         correct_s = correct_ns * 1e-9
         if n_corr:
             self._seconds[0] += correct_s + (_clock() - t_kernel)

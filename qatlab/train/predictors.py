@@ -87,6 +87,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import PredictionConfig
+from ..diverged import NonFiniteError
 from ..kernels.phase_kernels import (all_finite, anchor_trend, clamp01, compare_vectors, fold_correction,
                                      relative_error_cosine, weighted_rows)
 
@@ -147,7 +148,7 @@ class ParamLayout:
                 raise ValueError(f"{what}[{name!r}]: expected shape {shape}, got {g.shape}")
             flat = g.reshape(-1)
             if not all_finite(flat):
-                raise ValueError(f"{what}[{name!r}]: contains NaN or inf")
+                raise NonFiniteError(f"{what}[{name!r}]: contains NaN or inf", f"gradient of {name}")
             flats.append(flat)
         return flats
 
@@ -159,7 +160,7 @@ class ParamLayout:
             raise ValueError(f"{what}: a flat array must be float32 of shape ({self.size},), got {got}")
         if finite and not all_finite(flat):
             bad = [n for n, v in self.views(flat).items() if not all_finite(v.reshape(-1))]
-            raise ValueError(f"{what}{bad}: contains NaN or inf")
+            raise NonFiniteError(f"{what}{bad}: contains NaN or inf", f"gradient of {', '.join(bad)}")
         return flat
 
     @property
