@@ -65,15 +65,23 @@ def _ste_selector(default: str, doc: str) -> param.Selector:
 class DataConfig(_Config):
     """Which dataset to train on and how to split it."""
 
-    dataset = param.Selector(default="digits", objects=["digits", "synthetic", "file"], doc=(
+    dataset = param.Selector(default="digits", objects=["digits", "mnist", "fashion_mnist", "mnist1d",
+                                                        "synthetic", "file"], doc=(
         "digits: 8x8 handwritten digits shipped in assets/ (1797 x 64, 10 classes); "
-        "synthetic: seeded Gaussian-cluster classification task; file: a .npz/.csv at `path`."))
-    test_fraction = param.Number(default=0.2, bounds=(0.05, 0.5), doc="Share of samples held out for testing.")
+        "mnist: 5000-image MNIST subset shipped in assets/ (28x28, 10 classes); "
+        "fashion_mnist: Fashion-MNIST IDX files (60000/10000 fixed split, 28x28, 10 classes); "
+        "mnist1d: MNIST-1D shipped in assets/ (4000/1000 fixed split, length 40, 10 classes); "
+        "synthetic: seeded Gaussian-cluster classification task; file: a .npz/.csv/IDX file at `path`. "
+        "qatlab.data.DATASET_CARDS describes each named set."))
+    test_fraction = param.Number(default=0.2, bounds=(0.05, 0.5), doc=(
+        "Share of samples held out for testing (mnist1d and fashion_mnist keep their fixed splits)."))
     seed = param.Integer(default=0, bounds=(0, 2**31 - 1), doc="Seed of the shuffle/split (and of synthetic data).")
     n_samples = param.Integer(default=2000, bounds=(20, 1_000_000), doc="Synthetic only: number of samples.")
     n_features = param.Integer(default=64, bounds=(1, 100_000), doc="Synthetic only: input features.")
     n_classes = param.Integer(default=10, bounds=(2, 1000), doc="Synthetic only: number of classes.")
-    path = param.String(default="", doc="file only: path to a .npz (X, y[, X_test, y_test]) or .csv (label last).")
+    path = param.String(default="", doc=(
+        "file: path to a .npz (X, y[, X_test, y_test]), a .csv (label last) or an IDX images file "
+        "(*images-idx3-ubyte[.gz], labels beside it); fashion_mnist: optional directory of its IDX files."))
 
     def validate(self) -> None:
         if self.dataset == "file" and not self.path:
@@ -86,9 +94,18 @@ class ModelConfig(_Config):
     hidden = param.List(default=[256], item_type=int, doc="Hidden layer sizes, in order (may be empty).")
     activation = param.Selector(default="relu", objects=["relu", "leaky_relu", "tanh", "sigmoid", "identity", "sign"],
                                 doc="Hidden-layer activation; `sign` has an identity STE backward.")
+    architecture = param.Selector(default="mlp", objects=["mlp", "cnn"], doc=(
+        "mlp: dense layers only; cnn: conv -> activation -> max pool per entry of conv_channels, then "
+        "the dense `hidden` layers (needs a dataset of images or 1-d signals)."))
+    conv_channels = param.List(default=[16, 32], item_type=int, doc="cnn only: output channels of each conv layer.")
+    kernel_size = param.Integer(default=5, bounds=(1, 64), doc=(
+        "cnn only: k x k conv kernels, stride 1, no padding (1 x k on 1-d signals)."))
+    pool = param.Integer(default=2, bounds=(1, 64), doc="cnn only: max-pool window (and stride) after each conv; 1 = none.")
 
     def validate(self) -> None:
         for i, h in enumerate(self.hidden):
+            if isinstance(h, bool) or not isinstance(h, int):   # True is an int to Python, not a size
+                raise ValueError(f"ModelConfig.hidden[{i}]: must be an int in 1..1000000, got {h!r}")
             if h < 1 or h > 1_000_000:
                 raise ValueError(f"ModelConfig.hidden[{i}]: must be in 1..1000000, got {h}")
 
@@ -208,9 +225,23 @@ class ExperimentConfig(_Config):
 
     def validate(self) -> None:
         super().validate()
+        if self.model.architecture == "cnn":
+            _validate_cnn(self)
         if self.phase.enabled and self.phase.gradient_accumulation > self.optim.batch_size:
             raise ValueError(f"phase.gradient_accumulation: {self.phase.gradient_accumulation} micro-batches need "
                              f"optim.batch_size >= that, got {self.optim.batch_size}")
+
+
+def _validate_cnn(cfg: "ExperimentConfig") -> None:
+    """The cnn-only rules that need no data (the image shape's are checked when the model is built)."""
+    channels = cfg.model.conv_channels
+    if not channels:
+        raise ValueError("ModelConfig.conv_channels: architecture='cnn' needs at least one conv layer")
+    for i, c in enumerate(channels):
+        if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= 4096:
+            raise ValueError(f"ModelConfig.conv_channels[{i}]: must be an int in 1..4096, got {c!r}")
+    if cfg.phase.enabled:
+        raise ValueError("PhaseConfig.enabled: phase training supports architecture='mlp' only")
 
 
 class QatConfig(_Config):

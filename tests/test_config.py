@@ -69,7 +69,7 @@ def test_nested_defaults_and_lists_are_not_shared_between_instances():
 # (config class, field, a value outside its bounds or type); assignment must raise ValueError
 # naming "<Class>.<field>" and leave the object exactly as it was.
 BAD_VALUES = [
-    (DataConfig, "dataset", "mnist"), (DataConfig, "test_fraction", 0.04), (DataConfig, "test_fraction", 0.51),
+    (DataConfig, "dataset", "cifar10"), (DataConfig, "test_fraction", 0.04), (DataConfig, "test_fraction", 0.51),
     (DataConfig, "seed", -1), (DataConfig, "seed", 2**31), (DataConfig, "n_samples", 19),
     (DataConfig, "n_features", 0), (DataConfig, "n_classes", 1), (DataConfig, "path", 3),
     (ModelConfig, "hidden", "256"), (ModelConfig, "activation", "gelu"),

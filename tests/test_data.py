@@ -209,13 +209,14 @@ X0, Y0 = _toy()
     (dict(X=np.where(np.arange(120).reshape(40, 3) == 7, np.nan, X0), y=Y0), r"X: contains NaN or inf .* first at \[2, 1\]"),
     (dict(X=np.where(np.arange(120).reshape(40, 3) == 7, np.inf, X0), y=Y0), r"X: contains NaN or inf"),
     (dict(X=X0, y=Y0 + 0.5), r"y: classification labels must be integers"),
-    (dict(X=X0, y=Y0 - 1), r"y: classification labels must be >= 0, got negative label -1"),
-    (dict(X=X0, y=Y0 * 10**7), r"y: labels must be in 0..999999"),
+    (dict(X=X0, y=Y0 - 1), r"y: classification labels must be integers in 0\.\.999 \(at most 1000 classes\); label at index 0 is outside"),
+    (dict(X=X0, y=Y0 * 10**7), r"y: .*at most 1000 classes\); label at index 1 is outside"),
+    (dict(X=X0, y=(Y0 * 1000).astype(float)), r"y: .*at most 1000 classes\); label at index 1 is not"),
     (dict(X=X0, y=np.zeros(40, int)), r"y: classification needs at least 2 classes"),
     (dict(X=X0, y=Y0.reshape(20, 2)), r"y: classification labels must be 1-D"),
-    (dict(X=X0, y=Y0, X_test=X0[:, :2], y_test=Y0), r"X_test: has 2 features but X has 3"),
+    (dict(X=X0, y=Y0, X_test=X0[:, :2], y_test=Y0), r"X_test: has shape \(2,\) per sample but X has \(3,\)"),
     (dict(X=X0.astype(str), y=Y0), r"X: must be real numeric"),
-    (dict(X=np.array([[1, 2], [3, None]], dtype=object), y=np.array([0, 1])), r"cannot read as .npz without pickle"),
+    (dict(X=np.array([[1, 2], [3, None]], dtype=object), y=np.array([0, 1])), r"X holds Python objects, which would need pickle"),
 ])
 def test_load_arrays_bad_npz(tmp_path, arrays, match):
     with pytest.raises(ValueError, match=match):
@@ -230,7 +231,7 @@ def test_load_arrays_bad_npz(tmp_path, arrays, match):
     ("1\n2\n", r"CSV needs at least 2 columns"),
     ("1,nan,0\n2,3,1\n", r"X: contains NaN or inf"),
     ("1,2,0.5\n2,3,1\n", r"y: classification labels must be integers"),
-    ("1,2,-1\n2,3,1\n", r"y: classification labels must be >= 0"),
+    ("1,2,-1\n2,3,1\n", r"y: classification labels must be integers in 0\.\.999"),
 ])
 def test_load_arrays_bad_csv(tmp_path, text, match):
     p = tmp_path / "bad.csv"
@@ -240,7 +241,7 @@ def test_load_arrays_bad_csv(tmp_path, text, match):
 
 
 def test_load_arrays_bad_path_and_args(tmp_path):
-    with pytest.raises(ValueError, match=r"path: unknown extension '.txt'.*expected .npz or .csv"):
+    with pytest.raises(ValueError, match=r"path: unknown extension '.txt'.*expected .npz, .csv or an IDX images file"):
         data.load_arrays(tmp_path / "x.txt")
     with pytest.raises(FileNotFoundError, match=r"path: no such file"):
         data.load_arrays(tmp_path / "missing.npz")
