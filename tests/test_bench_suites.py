@@ -191,3 +191,65 @@ def test_torch_reference_quant_and_train(torch):
     r = ref.train(ds, (8, 16, 3), "ternary", epochs=2, batch_size=32)
     assert r["status"] == "finished" and r["steps"] == 2 * -(-ds.n_train // 32)
     assert 0.0 <= r["test_accuracy"] <= 1.0 and r["seconds"] > 0
+
+
+# ----------------------------------------------------------------------------- conv
+
+
+def test_conv_suite_quick_structure(monkeypatch, tmp_path):
+    from qatlab import bench_conv
+
+    monkeypatch.setattr(bench_conv, "_import_torch", lambda: None)
+    opts = BenchOptions(quick=True, repeats=1, warmup=0, min_time=0.0, sizes=(8,))
+    result, payload, text = _run("conv", opts, tmp_path)
+    assert load_suite("conv").fn is bench_conv.run
+    rows = payload["tables"][0]["rows"]
+    assert [r["kind"] for r in rows] == ["float", "fake4pc", "ternary"]
+    for r in rows:
+        assert r["qatlab_ms"] > 0 and r["floor_ms"] > 0 and "torch1_ms" not in r
+        assert r["x_floor"] == pytest.approx(r["qatlab_ms"] / r["floor_ms"])
+        assert r["x_float"] == pytest.approx(r["qatlab_ms"] / rows[0]["qatlab_ms"])
+        assert r["qatlab_ms"] == pytest.approx(r["raw"]["qatlab"]["median_s"] * 1e3)
+    goals = payload["goals"]
+    assert len(goals) == 3 + 3 + 2
+    assert all(g["status"] == "SKIP" for g in goals[:3])             # torch hidden
+    for g, r in zip(goals[3:6], rows):                                # PASS/MISS follows the numbers
+        assert g["passed"] == (r["x_floor"] <= bench_conv.GOAL_FLOOR)
+    for g, r in zip(goals[6:], rows[1:]):
+        assert g["passed"] == (r["x_float"] <= bench_conv.GOAL_QUANT)
+    _check_goals(payload)
+    assert payload["extra"]["batch"] == 8 and payload["extra"]["torch"] is False
+
+
+def test_conv_goals_follow_numbers():
+    from qatlab import bench_conv
+
+    def row(q, floor, fl, torch_best=None):
+        r = {"qatlab_ms": q, "floor_ms": floor, "x_floor": q / floor, "x_float": q / fl}
+        if torch_best is not None:
+            r.update(torch_best_ms=torch_best, x_torch=torch_best / q)
+        return r
+    rows = {"float": row(10, 6, 10, 16), "fake4pc": row(12.5, 6, 10, 20), "ternary": row(11, 5, 10, 16)}
+    status = [g.status for g in bench_conv.goals(rows)]
+    assert status == ["PASS", "PASS", "MISS", "PASS", "MISS", "MISS", "MISS", "PASS"]
+
+
+def test_conv_floor_and_steps_train():
+    from qatlab import bench_conv
+
+    x, labels = bench_conv.data(8)
+    for _, _, weights, bits, pc in bench_conv.KINDS:
+        step, model = bench_conv.make_qatlab_step(weights, bits, pc, x, labels)
+        losses = [step() for _ in range(15)]
+        assert np.isfinite(losses).all() and losses[-1] < losses[0]     # a fixed batch is memorised
+    bench_conv.make_floor(8)()
+
+
+def test_conv_torch_twin_same_math(torch):
+    from qatlab import bench_conv
+
+    x, labels = bench_conv.data(8)
+    for _, _, weights, bits, pc in bench_conv.KINDS:
+        check = bench_conv.same_math(weights, bits, pc, x, labels)
+        assert abs(check["qatlab_losses"][0] - check["torch_losses"][0]) < 1e-5 * check["torch_losses"][0]
+        assert check["max_rel_diff"] < 1e-2
