@@ -8,6 +8,8 @@ server, only when the data leave them:
 
 - x grows to the right with headroom: when the newest x passes the end, the end becomes
   ``lo + X_HEADROOM * (hi - lo)``, so a run that grows 1000x moves its x range about 17 times;
+  once the view's runs have ended (``update(final=True)``), x ends at the data's end (plus
+  ``X_FINAL_MARGIN`` of the span), not in the headroom;
 - y grows with a margin: when a value leaves the range, it becomes the data's extent padded by
   ``Y_MARGIN`` of its span on both sides (in log10 units on a log axis, positive values only);
 - hiding a line (legend click) or new data after a rebuild refits to the visible lines' extent;
@@ -28,6 +30,7 @@ from bokeh.models import Range1d
 #: Tag of the ranges a RangeFitter manages (fixed ranges such as ``fraction_range()`` lack it).
 AUTO = "qatlab-auto"
 X_HEADROOM = 1.5
+X_FINAL_MARGIN = 0.01
 Y_MARGIN = 0.08
 
 #: Glyph fields read per dimension (Line, Step, Scatter use x/y; VStrip x0/x1 spans only x).
@@ -115,7 +118,7 @@ class _ManagedRange:
                     lo, hi = min(lo, ext.lo), max(hi, ext.hi)
         return (lo, hi) if lo <= hi else None
 
-    def fit(self) -> None:
+    def fit(self, final: bool = False) -> None:
         rng = self.range
         if self.fitted is not None and (rng.start, rng.end) != self.fitted:
             return                                   # the user zoomed or panned: leave it
@@ -124,12 +127,14 @@ class _ManagedRange:
             return
         lo, hi = (math.log10(v) for v in extent) if self.log else extent
         start, end = (math.log10(v) for v in (rng.start, rng.end)) if self.log else (rng.start, rng.end)
-        if not self.refit and start <= lo and hi <= end:
+        span = hi - lo if hi > lo else max(abs(hi), 1.0) * 0.1
+        tight = final and self.dim == "x" and hi > lo     # the data will not grow: no headroom
+        inside = start <= lo and hi <= end and (not tight or end <= hi + 2 * X_FINAL_MARGIN * span)
+        if not self.refit and inside:
             return
         self.refit = False
-        span = hi - lo if hi > lo else max(abs(hi), 1.0) * 0.1
         if self.dim == "x":
-            start, end = lo, lo + X_HEADROOM * span if hi > lo else hi + span
+            start, end = lo, (hi + X_FINAL_MARGIN * span if tight else lo + X_HEADROOM * span) if hi > lo else hi + span
         else:
             start, end = lo - Y_MARGIN * span, hi + Y_MARGIN * span
         if self.log:
@@ -160,7 +165,8 @@ class RangeFitter:
                         m.add(renderer)
         self.ranges = list(managed.values())
 
-    def update(self) -> None:
-        """Move every managed range whose data left it (see the module doc)."""
+    def update(self, final: bool = False) -> None:
+        """Move every managed range whose data left it (see the module doc); ``final``: the
+        runs shown have ended, so x ranges end at the data."""
         for m in self.ranges:
-            m.fit()
+            m.fit(final)

@@ -126,3 +126,26 @@ def test_incremental_extent_matches_a_full_scan_after_appends_thinning_rewrites_
             assert extent == (y.min(), y.max())
         else:
             assert extent is None
+
+
+def test_x_ends_at_the_data_once_the_runs_have_ended():
+    from qatlab.ui.ranges import X_FINAL_MARGIN
+
+    src, loss, acc, _ = _figs()
+    fitter = RangeFitter([loss, acc])
+    src.stream({"step": [0, 500], "loss": [2.0, 1.0], "acc": [0.0, 0.0]})
+    fitter.update()
+    src.stream({"step": [700], "loss": [0.9], "acc": [0.0]})          # inside the headroom
+    fitter.update()
+    assert loss.x_range.end == pytest.approx(X_HEADROOM * 500)
+    fitter.update(final=True)
+    assert (loss.x_range.start, loss.x_range.end) == pytest.approx((0, 700 * (1 + X_FINAL_MARGIN)))
+    assert loss.x_range.end <= 1.05 * 700
+    end = loss.x_range.end
+    fitter.update(final=True)                                          # settled: nothing moves
+    assert loss.x_range.end == end
+    src.stream({"step": [930], "loss": [0.8], "acc": [0.0]})          # a late row: still tight
+    fitter.update(final=True)
+    assert loss.x_range.end == pytest.approx(930 * (1 + X_FINAL_MARGIN))
+    y = (loss.y_range.start, loss.y_range.end)
+    assert y == pytest.approx(_expected(0.8, 2.0, "y"))                # y keeps its margin
