@@ -1,0 +1,157 @@
+"""Metric rows in the store: chunks of rows that share their columns, as float64 blobs.
+
+Every metrics row keeps all its columns (one row of a matrix, never one record per value); rows
+with the same column names in the same order (a "kind": per-step rows, per-epoch rows) are
+written together as one ``row_chunks`` record: ``seqs`` (int64, the rows' numbers in the run)
+and ``payload`` (float64, columns x rows: each column contiguous), its column names in ``row_kinds``. A
+batch of rows costs one record per kind, and reading a history decodes a few large blobs with
+numpy instead of 100k small records in Python. :func:`compact` merges a finished run's chunks.
+"""
+from __future__ import annotations
+
+import json
+import numbers
+
+import numpy as np
+
+#: A compacted chunk holds at most this many rows.
+CHUNK_ROWS = 65536
+_REAL_TYPES = frozenset((int, float, bool, np.float64, np.float32, np.int64))
+#: MetricsLog's own row numbering; the store numbers rows itself (``history()["row_id"]``).
+ROW_ID = "row_id"
+
+
+def group_rows(rows) -> list[tuple[tuple, np.ndarray, np.ndarray]]:
+    """``[(column names, positions (k,), values float64 (k, columns))]`` of ``rows`` grouped by kind.
+
+    ``rows``: a list of dicts ``{column: real number}``; a bad row raises before anything is written.
+    """
+    if isinstance(rows, dict) or not isinstance(rows, (list, tuple)):
+        raise TypeError(f"rows: expected a list of dicts, got {type(rows).__name__}")
+    groups: dict[tuple, tuple[list, list]] = {}
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise TypeError(f"rows[{i}]: expected a dict of column -> number, got {type(row).__name__}")
+        keys = tuple(k for k in row if k != ROW_ID)
+        values = [row[k] for k in keys]
+        for key, value in zip(keys, values):
+            if not isinstance(key, str):
+                raise TypeError(f"rows[{i}]: column names must be str, got {key!r}")
+            if value.__class__ not in _REAL_TYPES and not isinstance(value, numbers.Real):
+                raise TypeError(f"rows[{i}][{key!r}]: expected a real number, got {type(value).__name__}")
+        positions, matrix = groups.setdefault(keys, ([], []))
+        positions.append(i)
+        matrix.append(values)
+    return [(keys, np.array(pos, np.int64), np.array(mat, np.float64).reshape(len(pos), len(keys)))
+            for keys, (pos, mat) in groups.items()]
+
+
+def group_columns(columns: dict) -> tuple[int, list[tuple[tuple, np.ndarray, np.ndarray]]]:
+    """(row count, groups as in :func:`group_rows`) of ``{column: array (n,)}`` in MetricsLog's
+    form (NaN where a row lacks a column): a row's columns are the ones not NaN there."""
+    names = [k for k in columns if k != ROW_ID]
+    if not names:
+        return 0, []
+    try:
+        mat = np.column_stack([np.asarray(columns[k], np.float64).reshape(-1) for k in names])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"columns: expected equal-length numeric arrays ({exc})") from exc
+    present = ~np.isnan(mat)
+    patterns, inverse = np.unique(np.packbits(present, axis=1), axis=0, return_inverse=True)
+    groups = []
+    for p in range(len(patterns)):
+        pos = np.flatnonzero(inverse.reshape(-1) == p)
+        cols = np.flatnonzero(present[pos[0]])
+        if len(cols):
+            groups.append((tuple(names[c] for c in cols), pos, mat[np.ix_(pos, cols)]))
+    return len(mat), groups
+
+
+def kind_id(conn, keys: tuple) -> int:
+    """The ``row_kinds`` id of these column names (added when new)."""
+    text = json.dumps(list(keys))
+    found = conn.execute("SELECT id FROM row_kinds WHERE columns = ?", (text,)).fetchone()
+    if found:
+        return found[0]
+    return conn.execute("INSERT INTO row_kinds (columns) VALUES (?)", (text,)).lastrowid
+
+
+def insert_groups(conn, run_id: str, n: int, groups) -> int:
+    """Append ``n`` rows (``groups`` from :func:`group_rows`/:func:`group_columns`) after the run's
+    rows, inside the caller's transaction; returns the run's new row count. ``KeyError`` for an unknown run."""
+    found = conn.execute("SELECT n_rows FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if found is None:
+        raise KeyError(f"run_id: no run {run_id!r} in this store")
+    start = found[0]
+    for keys, positions, values in groups:
+        seqs = positions + start
+        _insert_chunk(conn, run_id, kind_id(conn, keys), seqs, values)
+    conn.execute("UPDATE runs SET n_rows = ? WHERE id = ?", (start + n, run_id))
+    return start + n
+
+
+def insert_rows(conn, run_id: str, rows) -> int:
+    """:func:`insert_groups` of a list of row dicts."""
+    return insert_groups(conn, run_id, len(rows), group_rows(rows))
+
+
+def _insert_chunk(conn, run_id, kind, seqs, values) -> None:
+    conn.execute("INSERT INTO row_chunks (run_id, first_seq, kind, n, seqs, payload) VALUES (?,?,?,?,?,?)",
+                 (run_id, int(seqs[0]), kind, len(seqs), np.ascontiguousarray(seqs, np.int64).tobytes(),
+                  np.ascontiguousarray(np.asarray(values, np.float64).T).tobytes()))   # column-major
+
+
+def _chunks(conn, run_id: str):
+    """(row count, {kind: (column names, [seqs blobs], [payload blobs])} in order of the kinds' first rows)."""
+    found = conn.execute("SELECT n_rows FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if found is None:
+        raise KeyError(f"run_id: no run {run_id!r} in this store")
+    kinds: dict[int, tuple] = {}
+    for kind, seqs, payload in conn.execute(
+            "SELECT kind, seqs, payload FROM row_chunks WHERE run_id = ? ORDER BY first_seq", (run_id,)):
+        if kind not in kinds:
+            names = conn.execute("SELECT columns FROM row_kinds WHERE id = ?", (kind,)).fetchone()[0]
+            kinds[kind] = (tuple(json.loads(names)), [], [])
+        kinds[kind][1].append(seqs)
+        kinds[kind][2].append(payload)
+    return found[0], kinds
+
+
+def _decode(keys, seqs, payload) -> tuple[np.ndarray, np.ndarray]:
+    """(seqs int64 (m,), values float64 (columns, m)) of one chunk (payload is column-major)."""
+    s = np.frombuffer(seqs, np.int64)
+    return s, np.frombuffer(payload, np.float64).reshape(len(keys), len(s))
+
+
+def read(conn, run_id: str) -> dict[str, np.ndarray]:
+    """``{"row_id": 0..n-1, column: float64 (n,) ...}``, columns in order of first appearance, NaN
+    where a row lacks a column (the form of :meth:`qatlab.metrics.MetricsLog.columns`)."""
+    n, kinds = _chunks(conn, run_id)
+    names = list(dict.fromkeys(key for keys, _, _ in kinds.values() for key in keys))
+    block = np.full((len(names) + 1, n), np.nan)      # one allocation; each column a contiguous row
+    block[0] = np.arange(n)
+    where = {name: i + 1 for i, name in enumerate(names)}
+    for keys, seqs, payloads in kinds.values():
+        rows_of = [where[key] for key in keys]
+        for seq_blob, payload in zip(seqs, payloads):
+            s, v = _decode(keys, seq_blob, payload)
+            if len(s) and s[-1] - s[0] + 1 == len(s):          # consecutive rows: a slice, not a scatter
+                block[rows_of, s[0]:s[-1] + 1] = v
+            else:
+                for r, values in zip(rows_of, v):
+                    block[r, s] = values
+    return {ROW_ID: block[0], **{name: block[where[name]] for name in names}}
+
+
+def compact(conn, run_id: str) -> None:
+    """Merge the run's chunks of each kind into chunks of up to :data:`CHUNK_ROWS` rows."""
+    _, kinds = _chunks(conn, run_id)
+    for kind_keys, seqs, payloads in kinds.values():
+        if len(seqs) == 1:
+            continue
+        kind = kind_id(conn, kind_keys)
+        parts = [_decode(kind_keys, a, b) for a, b in zip(seqs, payloads)]
+        s, v = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts], axis=1).T
+        conn.execute("DELETE FROM row_chunks WHERE run_id = ? AND kind = ?", (run_id, kind))
+        for start in range(0, len(s), CHUNK_ROWS):
+            _insert_chunk(conn, run_id, kind, s[start:start + CHUNK_ROWS], v[start:start + CHUNK_ROWS])
