@@ -1,58 +1,104 @@
-"""Sidebar: experiment config widgets (built from the Param configs), run buttons, keep-alive switch.
+"""Sidebar: experiment config fields (one per Param of the session's configs), run buttons, keep-alive switch.
 
-Widgets come from ``pn.Param`` over the session's :class:`~qatlab.config.ExperimentConfig`
-sub-configs, so bounds and docs are the engine's own: an out-of-range value is
-refused by the widget. Rules spanning several fields are checked by
-``config.validate()`` when a button is pressed; a ``ValueError`` becomes a
-notification (and the inline alert ``qatlab-config-error``), never a traceback.
+Every field is a :class:`~qatlab.ui.fields.Field`: what is typed is parsed and checked against
+the Param's bounds where it is typed, and only a value the config can hold is assigned; otherwise
+the field shows why (its label and allowed range) and the config keeps its value. After every
+edit the whole config's ``validate()`` runs too; a rule it breaks shows under the field it names
+(``ModelConfig.hidden[0]: ...``) or, naming none, in the alert ``qatlab-config-error``. While
+anything is invalid, ``Start`` and ``Compare STE kinds`` are disabled and the alert lists why.
+A press of either runs its handler once: presses that arrive while it runs or within
+:data:`DEBOUNCE_S` after it (a double click) are dropped.
+
+Fields are built from each sub-config's Params in declaration order (new Params show up by
+themselves) and shown only when they apply: :data:`SHOWN_WHEN`, phase fields only with phase
+training on, and any Param whose doc starts ``<value> only:`` (e.g. ``Synthetic only:``, ``cnn
+only:``) only while a Selector of its config has that value. Data files come by upload or from the
+server's data directory (:mod:`qatlab.ui.data_source`); a typed server path is never taken.
 
 Stable labels: buttons ``Start``, ``Stop``, ``Pause``, ``Resume``, ``Compare STE kinds``;
-checkbox ``Keep running after this page closes``. The panel holds no training
-logic: button clicks call the handlers the Dashboard passes in.
+checkbox ``Keep running after this page closes``. The panel holds no training logic: button
+clicks call the handlers the Dashboard passes in.
 """
 from __future__ import annotations
 
+import math
+import re
+import time
+
 import panel as pn
 
+from .. import data as qdata
 from ..config import ExperimentConfig
+from .data_source import DataFileChooser
+from .fields import Field, short_error, supported
 
-INT = pn.widgets.IntInput
-FLOAT = pn.widgets.FloatInput
+DEBOUNCE_S = 0.8
 
-# Per sub-config: (card title, parameters shown, widget overrides, collapsed?)
-SECTIONS = {
-    "data": ("Dataset", ["dataset", "test_fraction", "seed", "n_samples", "n_features", "n_classes", "path"],
-             {"seed": INT, "n_samples": INT, "n_features": INT, "n_classes": INT}, True),
-    "model": ("Model", ["hidden", "activation"],
-              {"hidden": {"label": "Hidden sizes (list)"}}, False),
-    "quant": ("Quantization", ["weights", "weight_bits", "activations", "activation_bits", "symmetric", "per_channel",
-                               "scale_mode", "ste", "activation_ste"],
-              {"ste": {"type": pn.widgets.Select, "label": "STE"},
-               "activation_ste": {"type": pn.widgets.Select, "label": "Activation STE"},
-               "scale_mode": {"type": pn.widgets.Select, "label": "Scale (observer / LSQ)"}}, False),
-    "optim": ("Optimizer", ["optimizer", "lr", "schedule", "epochs", "batch_size", "seed", "momentum",
-                            "weight_decay", "max_grad_norm", "loss"],
-              {"lr": {"type": FLOAT, "label": "Learning rate", "start": 1e-7, "end": 1e3, "step": 1e-3,
-                      "format": "0.[000000]"},
-               "epochs": INT, "batch_size": INT, "seed": INT, "weight_decay": FLOAT,
-               "max_grad_norm": {"type": FLOAT, "label": "Max grad norm (0 = off)"}}, False),
-    "phase": ("Phase training", ["enabled", "warmup_steps", "full_steps", "predict_steps", "correct_every",
-                                 "adaptive_phases", "loss_threshold", "predictor", "gradient_accumulation",
-                                 "max_grad_norm"],
-              {"gradient_accumulation": INT}, True),
+# (config attribute, card title, collapsed?)
+SECTIONS = [("data", "Dataset", True), ("model", "Model", False), ("quant", "Quantization", False),
+            ("optim", "Optimizer", False), ("phase", "Phase training", True)]
+NOT_SHOWN = {"name", "data.path"}        # path: set by the data file chooser, never typed
+LABELS = {
+    "data.seed": "Split seed",
+    "model.hidden": "Hidden sizes (list)",
+    "quant.ste": "STE",
+    "quant.activation_ste": "Activation STE",
+    "quant.scale_mode": "Scale (observer / LSQ)",
+    "optim.lr": "Learning rate",
+    "optim.max_grad_norm": "Max grad norm (0 = off)",
+    "phase.max_grad_norm": "Phase max grad norm (0 = off)",
+    "metrics_every": "Metrics every (steps)",
 }
 
 
+def _fake(c):
+    return c.quant.weights == "fake"
+
+
+def _act(c):
+    return c.quant.activations != "off"
+
+
+SHOWN_WHEN = {
+    "quant.weight_bits": _fake, "quant.symmetric": _fake, "quant.per_channel": _fake, "quant.scale_mode": _fake,
+    "quant.ste": lambda c: c.quant.weights != "float",
+    "quant.activation_bits": _act, "quant.activation_ste": _act,
+    "optim.momentum": lambda c: c.optim.optimizer == "momentum",
+}
+SECTION_SWITCH = {"phase": "enabled"}   # the section's other fields show only while this is on
+
+_ONLY = re.compile(r"^\W*([\w][\w /,-]*?)\s+only\b", re.IGNORECASE)
+_NAMED = re.compile(r"\b(\w+)\.(\w+)")
+
+
+def doc_rule(sub, name: str):
+    """``cfg -> bool`` from a doc starting ``<value>[/<value>] only:``, or None (always shown)."""
+    m = _ONLY.match(sub.param[name].doc or "")
+    if m is None:
+        return None
+    values = {v for v in re.split(r"[\s/,]+|\bor\b", m.group(1).lower()) if v}
+    for other in sub.param:
+        p = sub.param[other]
+        objects = getattr(p, "objects", None)
+        if other != name and isinstance(objects, list) and values & {str(o).lower() for o in objects}:
+            return lambda _c, s=sub, o=other: str(getattr(s, o)).lower() in values
+    return None
+
+
 class ConfigPanel(pn.viewable.Viewer):
-    """Experiment config widgets plus run buttons for the sidebar.
+    """Experiment config fields plus run buttons for the sidebar.
 
     Args:
         config: the session's editable ExperimentConfig (a fresh default one if None).
         on_start, on_stop, on_compare, on_pause, on_resume: zero-argument handlers.
+        data_dir: the server's data directory (default ``$QATLAB_DATA_DIR``).
+
+    ``fields`` maps ``"optim.lr"``-style keys to :class:`Field`; ``problems`` lists what keeps
+    Start disabled (empty when the config is valid).
     """
 
     def __init__(self, config: ExperimentConfig | None = None, on_start=None, on_stop=None, on_compare=None,
-                 on_pause=None, on_resume=None, **params):
+                 on_pause=None, on_resume=None, data_dir: str | None = None, **params):
         super().__init__(**params)
         self.config = config if config is not None else ExperimentConfig()
         self.start_button = pn.widgets.Button(label="Start", color="primary", sizing_mode="stretch_width")
@@ -64,48 +110,155 @@ class ConfigPanel(pn.viewable.Viewer):
         self.keep_alive = pn.widgets.Checkbox(label="Keep running after this page closes", value=False)
         self.error = pn.pane.Alert("", alert_type="danger", visible=False, css_classes=["qatlab-config-error"],
                                    sizing_mode="stretch_width", margin=(5, 10))
-        for button, handler in ((self.start_button, on_start), (self.stop_button, on_stop),
-                                (self.compare_button, on_compare), (self.pause_button, on_pause),
-                                (self.resume_button, on_resume)):
+        self._quiet_until = 0.0
+        for button, handler, once in ((self.start_button, on_start, True), (self.stop_button, on_stop, False),
+                                      (self.compare_button, on_compare, True), (self.pause_button, on_pause, False),
+                                      (self.resume_button, on_resume, False)):
             if handler is not None:
-                button.on_click(lambda _e, h=handler: h())
-        self.param_panes = {}
-        cards = []
-        for key, (title, params_shown, widgets, collapsed) in SECTIONS.items():
-            sub = getattr(self.config, key)
-            pane = pn.Param(sub, parameters=params_shown, widgets=widgets, show_name=False,
-                            sizing_mode="stretch_width", name=title)
-            if key == "optim":
-                extra = pn.Param(self.config, parameters=["metrics_every"], show_name=False,
-                                 widgets={"metrics_every": {"type": INT, "label": "Metrics every (steps)"}},
-                                 sizing_mode="stretch_width")
-                pane = pn.Column(pane, extra, sizing_mode="stretch_width")
-            self.param_panes[key] = pane
-            cards.append(pn.Card(pane, title=title, collapsed=collapsed, sizing_mode="stretch_width",
-                                 margin=(4, 0)))
+                button.on_click(self._debounced(handler) if once else (lambda _e, h=handler: h()))
+        self.problems: list[str] = []
+        self._building = True
+        self.fields: dict[str, Field] = {}
+        self.rules = {}
+        self.file_chooser = DataFileChooser(self.config.data, data_dir=data_dir, on_change=self._changed)
+        self.dataset_card = pn.pane.Markdown("", css_classes=["qatlab-dataset-card"], sizing_mode="stretch_width",
+                                             margin=(0, 10), styles={"font-size": "12px"})
+        cards = [pn.Card(*self._section(key), title=title, collapsed=collapsed, sizing_mode="stretch_width",
+                         margin=(4, 0)) for key, title, collapsed in SECTIONS]
         self.cards = pn.Column(*cards, sizing_mode="stretch_width")
         self.buttons = pn.Column(
             pn.Row(self.start_button, self.stop_button, sizing_mode="stretch_width"),
             pn.Row(self.pause_button, self.resume_button, sizing_mode="stretch_width"),
             self.compare_button, self.keep_alive, self.error, sizing_mode="stretch_width")
+        self._building = False
+        self._changed()
+
+    # ---------------------------------------------------------------- building
+    def _field(self, obj, key: str, name: str) -> Field:
+        path = f"{key}.{name}" if key else name
+        field = Field(obj, name, label=LABELS.get(path), on_change=self._changed)
+        self.fields[path] = field
+        rule = SHOWN_WHEN.get(path) or doc_rule(obj, name)
+        switch = SECTION_SWITCH.get(key)
+        if switch is not None and name != switch:
+            rule = (lambda c, r=rule, o=obj, s=switch: bool(getattr(o, s)) and (r is None or r(c)))
+        if rule is not None:
+            self.rules[path] = rule
+        return field
+
+    def _section(self, key: str) -> list:
+        sub = getattr(self.config, key)
+        views = []
+        for name in sub.param:
+            if f"{key}.{name}" in NOT_SHOWN or name in NOT_SHOWN or not supported(sub.param[name]):
+                continue
+            views.append(self._field(sub, key, name).view)
+            if key == "data" and name == "dataset":
+                views += [self.dataset_card, self.file_chooser.view]
+        if key == "optim":
+            views.append(self._field(self.config, "", "metrics_every").view)
+        return views
+
+    # ---------------------------------------------------------------- checking
+    def _parts(self):
+        return [*self.fields.values(), self.file_chooser]
+
+    def _changed(self, *_):
+        """After any edit: find what is invalid, show it, enable or disable Start / Compare, show the fields that apply."""
+        if self._building:
+            return
+        own = [p.error for p in self._parts() if p.error]
+        rule = None
+        if not own:
+            try:
+                self.config.validate()
+            except (ValueError, TypeError) as exc:
+                rule = short_error(exc)
+        named = self._part_named(rule) if rule else None
+        for part in self._parts():
+            part.set_rule_error(f"{part.label}: {rule}" if part is named else None)
+        self.problems = own + ([rule] if rule else [])
+        self.start_button.disabled = self.compare_button.disabled = bool(self.problems)
+        if self.problems:
+            self.error.object = "**Start is disabled until this is fixed:**\n\n" + "\n".join(
+                f"- {_md(p)}" for p in self.problems)
+        self.error.visible = bool(self.problems)
+        self._apply_rules()
+
+    def _part_named(self, message: str):
+        """The field a rule's message names (``ModelConfig.hidden[0]: ...``, ``phase.gradient_accumulation: ...``)."""
+        for a, b in _NAMED.findall(message.split(":", 1)[0]):
+            for part in self._parts():
+                if part.key == f"{a}.{b}":
+                    return part
+            if f"{a}.{b}" in self.fields:
+                return self.fields[f"{a}.{b}"]
+        return None
+
+    def _apply_rules(self) -> None:
+        for path, rule in self.rules.items():
+            self.fields[path].view.visible = bool(rule(self.config))
+        dataset = self.config.data.dataset
+        self.file_chooser.view.visible = dataset == "file"
+        self.dataset_card.object = card_markdown(qdata.DATASET_CARDS.get(dataset))
+        self.dataset_card.visible = bool(self.dataset_card.object)
+
+    # ---------------------------------------------------------------- buttons
+    def _debounced(self, handler):
+        """Click handler running ``handler`` once per press (not while one runs, not within DEBOUNCE_S after)."""
+        def click(_event):
+            if time.monotonic() < self._quiet_until:
+                return
+            self._quiet_until = math.inf
+            try:
+                handler()
+            finally:
+                self._quiet_until = time.monotonic() + DEBOUNCE_S
+        return click
 
     def validated(self) -> ExperimentConfig | None:
-        """A copy of the config if ``validate()`` accepts it; otherwise notify and return None."""
+        """A copy of the config if every field holds what was typed and ``validate()`` accepts it;
+        otherwise notify and return None."""
+        self._changed()
+        if self.problems:
+            self.notify_error(self.problems[0])
+            return None
         try:
-            self.config.validate()
             cfg = self.config.copy()
+            cfg.validate()
         except (ValueError, TypeError) as exc:
-            self.notify_error(str(exc))
+            self.notify_error(short_error(exc))
             return None
         self.error.visible = False
         return cfg
 
     def notify_error(self, message: str) -> None:
         """Show ``message`` as a toast (server sessions) and in the inline alert."""
-        self.error.object = message
+        self.error.object = _md(message)
         self.error.visible = True
         if pn.state.notifications is not None:
             pn.state.notifications.error(message, duration=8000)
 
     def __panel__(self):
         return pn.Column(self.buttons, self.cards, sizing_mode="stretch_width")
+
+
+def card_markdown(card) -> str:
+    """A dataset card (``qatlab.data.DATASET_CARDS`` entry: a dict or text) as a few Markdown lines."""
+    if not card:
+        return ""
+    if isinstance(card, str):
+        return card
+    card = dict(card)
+    lines = [f"**{_md(str(card.pop('title', '')))}**"] if "title" in card else []
+    if "input_shape" in card:
+        card["input_shape"] = " x ".join(str(n) for n in card["input_shape"])
+    names = {"size": "", "classes": "classes: ", "input_shape": "input: ", "source": "source: ", "licence": "licence: "}
+    for key, value in card.items():
+        lines.append(f"{names.get(key, key.replace('_', ' ') + ': ')}{_md(str(value))}")
+    return "  \n".join(lines)
+
+
+def _md(text: str) -> str:
+    """``text`` shown literally in Markdown (no emphasis from ``*`` or ``_``, no HTML)."""
+    return re.sub(r"([\\`*_{}\[\]<>#|])", r"\\\1", text)
