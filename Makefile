@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed
 PORT ?= 5006
 # `make serve` listens on this machine only; to share it, e.g. `make serve ADDRESS=0.0.0.0 ORIGIN=myhost:5006`
 # (README, "Safety"; ORIGIN may list several). SERVE_ARGS passes more `panel serve` options (e.g. --basic-auth).
+# The websocket limit (32 MiB) fits a 20 MB upload, which travels base64-encoded in one message.
 ADDRESS ?= 127.0.0.1
 ORIGIN ?=
 SERVE_ARGS ?=
@@ -25,6 +26,7 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(VENV)/bin/panel serve app/ --address $(ADDRESS) --port $(PORT) --static-dirs assets=./assets --warm \
 		--allow-websocket-origin 127.0.0.1:$(PORT) --allow-websocket-origin localhost:$(PORT) \
+		--websocket-max-message-size 33554432 \
 		$(foreach o,$(ORIGIN),--allow-websocket-origin $(o)) $(SERVE_ARGS)
 
 test: $(STAMP)
