@@ -35,7 +35,7 @@ def check_file_size(name: str, size: int, limit: int = MAX_FILE_BYTES) -> None:
 
 def check_decompressed(name: str, nbytes: int) -> None:
     if nbytes > MAX_DECOMPRESSED_BYTES:
-        raise ValueError(f"{name}: its arrays would take {_mb(nbytes)} once decompressed, above the "
+        raise ValueError(f"{name}: its arrays would take {_mb(nbytes)} in memory once read, above the "
                          f"limit of {_mb(MAX_DECOMPRESSED_BYTES)}")
 
 
