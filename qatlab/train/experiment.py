@@ -44,6 +44,7 @@ from ..kernels.phase_kernels import all_finite
 from ..metrics import MetricsLog
 from ..nn import Mlp, cross_entropy_loss, mse_loss
 from ..optim import make_optimizer
+from ..resources import check_memory
 from ..quant import FLOAT32_EPS, SCALE_MAX, FakeQuantize, TernaryQuantizer, _noise_stats
 from .build import build_model, set_observing
 
@@ -273,6 +274,7 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
     data = load_dataset(cfg.data)
     if data.n_train == 0 or data.n_test == 0:
         raise ValueError("data: the train and test splits must both be non-empty")
+    check_memory(cfg, data.n_train, data.n_test, data.n_features, data.n_outputs)   # before the model exists
     mlp = build_model(cfg, data.n_features, data.n_outputs, getattr(data, "image_shape", None))
     bs = min(cfg.optim.batch_size, data.n_train)
     steps_per_epoch = math.ceil(data.n_train / bs)
