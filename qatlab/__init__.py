@@ -39,3 +39,4 @@ from .train.phase import PhaseTrainer, StepInfo, TrainerStats, TrainingPhase, ma
 from .train.predictors import CorrectionResult, LeastSquaresPredictor, MomentumPredictor
 from .train.ternary_accumulator import TernaryGradientAccumulator
 from .train.vsa import VSABundle, VSAGradientCompressor, VSAReport
+from .resources import check_memory, estimate_memory
