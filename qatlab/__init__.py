@@ -40,3 +40,4 @@ from .train.predictors import CorrectionResult, LeastSquaresPredictor, MomentumP
 from .train.ternary_accumulator import TernaryGradientAccumulator
 from .train.vsa import VSABundle, VSAGradientCompressor, VSAReport
 from .resources import check_memory, estimate_memory
+from .store import RunRecord, RunStore

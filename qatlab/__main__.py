@@ -1,0 +1,215 @@
+"""``python -m qatlab run CONFIG.json`` trains a config into the run store; ``python -m qatlab runs`` lists it.
+
+Training happens in this process (the Dask executor is not built yet). Rows reach the store at
+least once a second, so a run killed midway keeps its rows and is listed ``interrupted``.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import shutil
+import sys
+import threading
+import time
+import traceback
+
+FLUSH_SECONDS = 0.5
+HEARTBEAT_SECONDS = 10.0
+EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
+
+
+class UsageError(Exception):
+    """A bad argument or input file: one line on stderr, exit code 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m qatlab", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    store_help = "run store file (default: $QATLAB_STORE, else ~/.local/share/qatlab/runs.sqlite)"
+    run = sub.add_parser("run", help="train CONFIG.json in this process and keep it in the store",
+                         description="Train an ExperimentConfig given as JSON (ExperimentConfig.to_dict() form; "
+                                     "fields left out keep their defaults) in this process -- no Dask executor "
+                                     "yet -- with a progress bar on stderr. Rows and the result go to the store.")
+    run.add_argument("config", metavar="CONFIG.json", help="the experiment config as JSON")
+    run.add_argument("--store", metavar="PATH", help=store_help)
+    run.add_argument("--name", help="the run's name (default: the config file's name)")
+    run.add_argument("--notes", default="", help="free text kept with the run")
+    runs = sub.add_parser("runs", help="list the runs in the store")
+    runs.add_argument("--store", metavar="PATH", help=store_help)
+    runs.add_argument("--status", help="only runs with this status")
+    return p
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def load_config(path: str):
+    """The ExperimentConfig in a JSON file; :class:`UsageError` with one line saying what is wrong."""
+    from .config import ExperimentConfig
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read the config ({exc.strerror or exc})") from None
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    if not isinstance(values, dict):
+        raise UsageError(f"{path}: expected a JSON object of config fields, got {type(values).__name__}")
+    try:
+        cfg = ExperimentConfig.from_dict(values)
+        cfg.validate()
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"{path}: bad config: {_one_line(exc)}") from None
+    return cfg
+
+
+def _open_store(path):
+    from .store import RunStore, StoreLockedError
+    try:
+        return RunStore(path)
+    except (ValueError, TypeError, StoreLockedError, OSError) as exc:
+        raise UsageError(_one_line(exc)) from None
+
+
+class _Progress:
+    """A one-line progress bar on stderr (redrawn in place on a terminal, a line every few seconds otherwise)."""
+
+    def __init__(self, stream=sys.stderr):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.t0 = time.perf_counter()
+        self.last = -math.inf
+
+    def draw(self, done: int, total: int, loss: float, final: bool = False) -> None:
+        now = time.perf_counter()
+        if not final and (total == 0 or now - self.last < (0.2 if self.tty else 5.0)):
+            return                       # (total is 0 until the data is loaded and the first step runs)
+        self.last = now
+        elapsed = now - self.t0
+        rate = done / elapsed if elapsed > 0 else 0.0
+        share = done / total if total else 0.0
+        eta = f"{(total - done) / rate:.0f}s" if rate > 0 and done < total else "-"
+        text = f"{share:4.0%} {done}/{total} steps  {rate:.0f} steps/s  eta {eta}  loss {loss:.4g}"
+        width = max(10, min(40, shutil.get_terminal_size().columns - len(text) - 4))
+        fill = int(share * width)
+        line = f"[{'#' * fill}{'.' * (width - fill)}] {text}"
+        if self.tty:
+            self.stream.write("\r" + line + ("\n" if final else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _tap_log():
+    """A MetricsLog that also queues every row for the store."""
+    from .metrics import MetricsLog
+
+    class TapLog(MetricsLog):
+        def __init__(self):
+            super().__init__()
+            self.pending = collections.deque()
+
+        def append(self, row: dict) -> None:
+            super().append(row)
+            self.pending.append(dict(row))
+
+    return TapLog()
+
+
+def cmd_run(args) -> int:
+    cfg = load_config(args.config)
+    store = _open_store(args.store)
+    name = args.name or os.path.splitext(os.path.basename(args.config))[0]
+    run_id = store.create_run(cfg, name=name, notes=args.notes)
+    print(f"run {run_id} ({name}) -> {store.path}", file=sys.stderr)
+    log, stop, state = _tap_log(), threading.Event(), {"done": 0, "total": 0}
+
+    def report(done: int, total: int) -> bool:
+        state["done"], state["total"] = done, total
+        return not stop.is_set()
+
+    def train():
+        from .train.experiment import train_experiment
+        try:
+            state["result"] = train_experiment(cfg, log, report=report)
+        except BaseException:           # reported as a failed run by the main thread
+            state["error"] = traceback.format_exc()
+
+    store.set_status(run_id, "running")
+    thread = threading.Thread(target=train, name=f"qatlab-{run_id[:8]}", daemon=True)
+    progress, last_flush, last_beat = _Progress(), time.monotonic(), time.monotonic()
+    thread.start()
+    while thread.is_alive():
+        try:
+            thread.join(0.1)
+            now = time.monotonic()
+            if log.pending and now - last_flush >= FLUSH_SECONDS:
+                _flush(store, run_id, log)
+                last_flush = last_beat = now
+            if now - last_beat >= HEARTBEAT_SECONDS:
+                store.heartbeat([run_id])
+                last_beat = now
+            progress.draw(state["done"], state["total"], log.last("loss"))
+        except KeyboardInterrupt:       # stop after the current step; the run is kept as stopped
+            stop.set()
+            print("\nstopping (Ctrl-C) ...", file=sys.stderr)
+    _flush(store, run_id, log)
+    progress.draw(state["done"], state["total"], log.last("loss"), final=True)
+    if "error" in state:
+        store.set_status(run_id, "failed", state["error"])
+        print(f"run {run_id[:8]} failed:\n{state['error']}", file=sys.stderr)
+        return EXIT_FAILED
+    result = state["result"]
+    store.finish(run_id, result)
+    acc = result.final.get("test_accuracy", math.nan)
+    print(f"run {run_id[:8]} {result.status}: test accuracy {acc:.4f}, "
+          f"{result.final.get('steps_per_second', 0.0):.0f} steps/s{'; ' + result.message if result.message else ''}",
+          file=sys.stderr)
+    if result.status == "finished":
+        return 0
+    return EXIT_INTERRUPTED if stop.is_set() else EXIT_FAILED
+
+
+def _flush(store, run_id: str, log) -> None:
+    rows = []
+    while log.pending:
+        rows.append(log.pending.popleft())
+    if rows:
+        store.append_rows(run_id, rows)
+
+
+def cmd_runs(args) -> int:
+    from .store import STATUSES
+    if args.status is not None and args.status not in STATUSES:
+        raise UsageError(f"--status: expected one of {', '.join(STATUSES)}; got {args.status!r}")
+    store = _open_store(args.store)
+    records = store.runs(status=args.status)
+    if not records:
+        print(f"no runs in {store.path}")
+        return 0
+    print(f"{'id':<8}  {'name':<24}  {'status':<11}  {'created (UTC)':<16}  {'rows':>7}  test acc")
+    for r in records:
+        acc = r.final.get("test_accuracy")
+        acc = f"{acc:.4f}" if isinstance(acc, (int, float)) and math.isfinite(acc) else "-"
+        print(f"{r.id[:8]:<8}  {r.name[:24]:<24}  {r.status:<11}  {r.created:%Y-%m-%d %H:%M}  {r.n_rows:>7}  {acc}")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"run": cmd_run, "runs": cmd_runs}[args.command](args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

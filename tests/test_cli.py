@@ -1,0 +1,126 @@
+"""``python -m qatlab run|runs``: bad configs are one-line errors with exit code 2; a run lands in the store."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import qatlab as ql
+from qatlab.__main__ import main
+from qatlab.runs import RunResult
+from qatlab.store import RunStore
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = {"data": {"dataset": "synthetic", "n_samples": 200, "n_features": 16, "n_classes": 3, "seed": 1},
+        "model": {"hidden": [16]}, "optim": {"epochs": 3, "batch_size": 32, "lr": 0.05}, "metrics_every": 1}
+
+
+def write(tmp_path, text: str, name: str = "cfg.json") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "not valid JSON (line 1, column 2"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"optim": {"lr": -1}}', "bad config:"),
+    ('{"optim": {"epochs": "many"}}', "bad config:"),
+    ('{"nope": 1}', "unknown field 'nope'"),
+    ('{"data": {"dataset": "file"}}', "DataConfig.path: required"),
+])
+def test_bad_config_is_one_line_and_exit_2(tmp_path, capsys, text, message):
+    store = str(tmp_path / "s.sqlite")
+    assert main(["run", write(tmp_path, text), "--store", store]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err
+    assert not os.path.exists(store) or RunStore(store).runs() == []
+
+
+def test_missing_config_and_bad_store(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read the config" in capsys.readouterr().err
+    (tmp_path / "junk").write_text("not sqlite" * 10)
+    assert main(["runs", "--store", str(tmp_path / "junk")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not an SQLite file" in err
+    assert main(["runs", "--store", str(tmp_path / "s.sqlite"), "--status", "nope"]) == 2
+
+
+def test_runs_lists_the_store(tmp_path, capsys):
+    path = str(tmp_path / "s.sqlite")
+    assert main(["runs", "--store", path]) == 0
+    assert "no runs in" in capsys.readouterr().out
+    store = RunStore(path)
+    a = store.create_run(ql.ExperimentConfig.from_dict(TINY), name="alpha")
+    store.set_status(a, "running")
+    store.finish(a, RunResult(history={}, final={"test_accuracy": 0.8125}))
+    b = store.create_run(ql.ExperimentConfig.from_dict(TINY), name="beta")
+    assert main(["runs", "--store", path]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["id", "name", "status"]
+    assert lines[1].split()[:3] == [a[:8], "alpha", "finished"] and lines[1].endswith("0.8125")
+    assert lines[2].split()[:3] == [b[:8], "beta", "created"] and lines[2].endswith("-")
+    assert main(["runs", "--store", path, "--status", "finished"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+def test_help_says_runs_are_in_process(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    assert "no Dask executor" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.slow
+def test_run_end_to_end(tmp_path):
+    cfg = write(tmp_path, json.dumps(TINY), "tiny.json")
+    store = str(tmp_path / "s.sqlite")
+    env = {**os.environ, "QATLAB_STORE": str(tmp_path / "not-this.sqlite")}
+    proc = subprocess.run([sys.executable, "-m", "qatlab", "run", cfg, "--store", store, "--name", "cli run"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "100%" in proc.stderr and "finished: test accuracy" in proc.stderr
+    (r,) = RunStore(store).runs()
+    assert (r.name, r.status, r.config.to_dict()) == ("cli run", "finished", ql.ExperimentConfig.from_dict(TINY).to_dict())
+    assert r.final["test_accuracy"] > 0.5 and r.started <= r.ended
+    reference = ql.run_experiment(ql.ExperimentConfig.from_dict(TINY))
+    h = RunStore(store).history(r.id)
+    assert list(h) == list(reference.history)
+    for key, col in reference.history.items():       # the same rows as in-process (time columns aside)
+        if key not in ("time", "steps_per_second"):
+            np.testing.assert_array_equal(h[key], col, err_msg=key)
+    model = RunStore(store).load_model(r.id)
+    np.testing.assert_array_equal(model.flat_params(), reference.model.flat_params())
+    listing = subprocess.run([sys.executable, "-m", "qatlab", "runs"], capture_output=True, text=True, cwd=ROOT,
+                             env={**os.environ, "QATLAB_STORE": store}, timeout=300)
+    assert listing.returncode == 0 and r.id[:8] in listing.stdout and "cli run" in listing.stdout
+    assert not os.path.exists(tmp_path / "not-this.sqlite")
+
+
+@pytest.mark.slow
+def test_killed_cli_run_is_interrupted_with_its_rows(tmp_path):
+    long = {**TINY, "optim": {**TINY["optim"], "epochs": 100_000}}
+    store = str(tmp_path / "s.sqlite")
+    proc = subprocess.Popen([sys.executable, "-m", "qatlab", "run", write(tmp_path, json.dumps(long)), "--store", store],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        deadline, seen = time.monotonic() + 120, 0
+        while seen < 50 and time.monotonic() < deadline:     # rows reach the store while it trains
+            time.sleep(0.2)
+            if os.path.exists(store):
+                runs = RunStore(store, check_interrupted=False).runs()
+                seen = runs[0].n_rows if runs else 0
+        assert seen >= 50, "no rows reached the store"
+    finally:
+        proc.kill()
+        proc.wait(30)
+    (r,) = RunStore(store).runs()
+    assert r.status == "interrupted" and r.n_rows >= seen
+    h = RunStore(store).history(r.id)
+    np.testing.assert_array_equal(h["row_id"], np.arange(r.n_rows))
+    assert np.all(np.diff(h["step"]) >= 0)
