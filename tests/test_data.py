@@ -1,8 +1,14 @@
 """qatlab.data: digits asset, synthetic tasks, user files, config dispatch."""
 from __future__ import annotations
 
+import io
+import re
+import struct
 import subprocess
 import sys
+import tracemalloc
+import zipfile
+import zlib
 
 import numpy as np
 import pytest
@@ -294,3 +300,265 @@ def test_data_imports_numpy_only():
             "if m in sys.modules]; print(bad); sys.exit(bool(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+# ----------------------------------------------------------------------------- file safety (issue #19)
+
+PASSWD = ("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n"
+          "bin:x:2:2:bin:/bin:/usr/sbin/nologin\n")
+
+
+def _message(fn, *args, **kwargs) -> str:
+    with pytest.raises(ValueError) as info:
+        fn(*args, **kwargs)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("text, where", [
+    (PASSWD, r"secret.csv: CSV needs at least 2 columns \(features..., label\), got 1"),
+    (PASSWD.replace(":", ","), r"row 2, column 1: not a number"),
+    ("f1,f2,label\n1,2,0\n3,4,1\n5,daemon:x:1,1\n", r"row 4, column 2: not a number"),
+    ("1,2,0\n3,4,1\n5,6\n", r"row 3: has 2 columns, expected 3"),
+])
+def test_csv_errors_never_quote_contents(tmp_path, text, where):
+    p = tmp_path / "secret.csv"
+    p.write_text(text)
+    msg = _message(data.load_arrays, p)
+    assert re.search(where, msg), msg
+    assert "daemon" not in msg and "root" not in msg and "5,6" not in msg
+    assert str(tmp_path) not in msg  # the file's name only, not the server's directories
+
+
+def test_binary_csv_and_directory(tmp_path):
+    p = tmp_path / "bin.csv"
+    p.write_bytes(b"1,2,0\n\xff\xfesecret\n")
+    msg = _message(data.load_arrays, p)
+    assert "not a UTF-8 text CSV (undecodable byte at offset 6)" in msg and "secret" not in msg
+    d = tmp_path / "folder.npz"
+    d.mkdir()
+    assert "'folder.npz' is a directory" in _message(data.load_arrays, d)
+
+
+def test_npz_errors_name_only_the_expected_keys(tmp_path):
+    p = tmp_path / "keys.npz"
+    np.savez(p, features_secret_name=X0, y=Y0)
+    msg = _message(data.load_arrays, p)
+    assert "missing key 'X'" in msg and "secret" not in msg
+
+
+def test_npz_member_not_npy(tmp_path):
+    p = tmp_path / "fake.npz"
+    with zipfile.ZipFile(p, "w") as zf:
+        zf.writestr("X.npy", "root:x:0:0:root:/root:/bin/bash\n")
+        zf.writestr("y.npy", "")
+    msg = _message(data.load_arrays, p)
+    assert "fake.npz: member 'X' is not a .npy array" in msg and "root" not in msg
+
+
+def test_npz_truncated_or_corrupt(tmp_path):
+    good = tmp_path / "good.npz"
+    np.savez_compressed(good, X=X0, y=Y0)
+    raw = good.read_bytes()
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(raw[: len(raw) // 2])
+    assert "cut.npz: not a readable .npz file" in _message(data.load_arrays, cut)
+    # a flipped byte in the compressed X data: a bad CRC or a broken deflate stream, not a crash
+    with zipfile.ZipFile(good) as zf:
+        info = zf.getinfo("X.npy")
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra) + 200
+    flipped = tmp_path / "flipped.npz"
+    flipped.write_bytes(raw[:start] + bytes([raw[start] ^ 0xFF]) + raw[start + 1:])
+    msg = _message(data.load_arrays, flipped)
+    assert "flipped.npz" in msg
+    # a header that promises more than the member holds
+    short = tmp_path / "short.npz"
+    with zipfile.ZipFile(short, "w") as zf:
+        with zf.open("X.npy", "w") as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (40, 3)})
+            f.write(X0[:10].tobytes())
+        with zf.open("y.npy", "w") as f:
+            np.lib.format.write_array(f, Y0)
+    assert "short.npz: member 'X' is shorter than its .npy header says" in _message(data.load_arrays, short)
+
+
+def _zip_bomb(path, shape=(100_000, 1000), chunk=8_000_000):
+    """An honest .npz whose X.npy holds float64 zeros of ``shape`` (800 MB), deflated ~1000:1
+    by repeating one self-contained deflate block, so the big array is never built."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f8", "fortran_order": False, "shape": shape})
+    header = buf.getvalue()
+    reps, rest = divmod(int(np.prod(shape)) * 8, chunk)
+    assert rest == 0
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    head = c.compress(header) + c.flush(zlib.Z_FULL_FLUSH)
+    zeros = bytes(chunk)
+    block = c.compress(zeros) + c.flush(zlib.Z_FULL_FLUSH)  # no back-references across a full flush
+    tail = c.flush()
+    crc = zlib.crc32(header)
+    for _ in range(reps):
+        crc = zlib.crc32(zeros, crc)
+    comp, size, name = len(head) + reps * len(block) + len(tail), len(header) + reps * chunk, b"X.npy"
+    with open(path, "wb") as f:
+        f.write(struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 8, 0, 0x21, crc, comp, size, len(name), 0) + name)
+        f.write(head + block * reps + tail)
+        central = struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, 8, 0, 0x21, crc, comp, size,
+                              len(name), 0, 0, 0, 0, 0, 0) + name
+        offset = f.tell()
+        f.write(central + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 1, 1, len(central), offset, 0))
+    with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("y.npy", _npy_bytes((np.arange(shape[0]) % 10).astype(np.uint8)))
+    return path
+
+
+def _npy_bytes(a):
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, a)
+    return buf.getvalue()
+
+
+def test_npz_bomb_refused_before_loading(tmp_path):
+    p = _zip_bomb(tmp_path / "bomb.npz")
+    assert p.stat().st_size < 1_000_000
+    with zipfile.ZipFile(p) as zf:
+        assert zf.getinfo("X.npy").file_size > 800_000_000
+    tracemalloc.start()
+    try:
+        msg = _message(data.load_arrays, p)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "bomb.npz: its arrays would take 763.0 MB in memory once read, above the limit of 400.0 MB" in msg
+    assert peak < 20 * 2**20  # refused from the headers: nothing near the array's size was allocated
+
+
+@pytest.mark.parametrize("arrays, match", [
+    (dict(X=np.zeros((1, data.MAX_FEATURES + 1), np.float32), y=np.zeros(1, np.uint8)),
+     r"X: 100001 features per sample, above the limit of 100000"),
+    (dict(X=np.zeros((data.MAX_SAMPLES + 1, 1), np.uint8), y=np.zeros(data.MAX_SAMPLES + 1, np.uint8)),
+     r"X: 1000001 samples, above the limit of 1000000"),
+    (dict(X=np.zeros((4, 2)), y=np.array([0, 1, 2, 999])), None),
+    (dict(X=np.zeros((4, 2)), y=np.array([0, 1, 2, 1000])), r"y: .*\(at most 1000 classes\); label at index 3"),
+    (dict(X=np.zeros((4, 2)), y=np.array([0.0, 1.0, 2.0, 999999.0])), r"at most 1000 classes"),
+])
+def test_npz_limits(tmp_path, arrays, match):
+    p = tmp_path / "big.npz"
+    np.savez_compressed(p, **arrays)
+    if match is None:
+        assert data.load_arrays(p, test_fraction=0.25).n_classes == 1000
+    else:
+        with pytest.raises(ValueError, match=match):
+            data.load_arrays(p)
+
+
+def test_file_size_limits(tmp_path, monkeypatch):
+    from qatlab.data import files
+    p = _npz(tmp_path, X=X0, y=Y0)
+    monkeypatch.setattr(files, "MAX_FILE_BYTES", p.stat().st_size - 1)
+    assert re.search(r"bad.npz: file is 0.0 MB, above the limit of 0.0 MB", _message(data.load_arrays, p))
+    c = tmp_path / "big.csv"
+    c.write_text("1,0\n2,1\n" * 10)
+    monkeypatch.setattr(files, "MAX_CSV_BYTES", 50)
+    assert "big.csv: file is" in _message(data.load_arrays, c)
+    assert data.MAX_FILE_BYTES == 200 * 2**20 and data.MAX_CSV_BYTES == 50 * 2**20
+
+
+def test_csv_huge_label_refused_before_building_a_model(tmp_path):
+    p = tmp_path / "four.csv"
+    p.write_text("1,2,0\n3,4,1\n5,6,2\n7,8,999999\n")
+    assert "at most 1000 classes); label at index" in _message(data.load_arrays, p)
+
+
+def test_npz_image_arrays_keep_their_shape(tmp_path):
+    X = np.random.default_rng(0).random((20, 2, 5, 6)).astype(np.float32)
+    y = np.arange(20) % 4
+    p = _npz(tmp_path, X=X, y=y, X_test=X[:5], y_test=y[:5])
+    ds = data.load_arrays(p)
+    assert ds.image_shape == (2, 5, 6) and ds.X_train.shape == (20, 60)
+    assert np.array_equal(ds.X_train.reshape(-1, 2, 5, 6), X)
+    gray = data.load_arrays(_npz(tmp_path, X=X[:, 0], y=y))
+    assert gray.image_shape == (1, 5, 6) and gray.n_features == 30
+    with pytest.raises(ValueError, match=r"X_test: has shape \(30,\) per sample but X has \(5, 6\)"):
+        data.load_arrays(_npz(tmp_path, X=X[:, 0], y=y, X_test=X[:, 0].reshape(20, 30), y_test=y))
+    with pytest.raises(ValueError, match=r"X: must be 2-D \(n_samples, n_features\), 3-D \(n, H, W\) or 4-D"):
+        data.load_arrays(_npz(tmp_path, X=X[..., None], y=y))
+
+
+# ----------------------------------------------------------------------------- the server's data directory
+
+@pytest.fixture
+def data_dir(tmp_path):
+    root = tmp_path / "data"
+    (root / "sub" / "deeper").mkdir(parents=True)
+    (root / ".hidden").mkdir()
+    np.savez(root / "a.npz", X=X0, y=Y0)
+    (root / "sub" / "b.csv").write_text("1,2,0\n3,4,1\n5,6,0\n7,8,1\n9,1,0\n")
+    (root / "sub" / "deeper" / "train-images-idx3-ubyte.gz").write_bytes(b"")
+    (root / "sub" / "notes.txt").write_text("x")
+    (root / ".hidden" / "c.npz").write_bytes(b"")
+    (root / ".d.npz").write_bytes(b"")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.csv").write_text(PASSWD)
+    (root / "link_out.csv").symlink_to(outside / "secret.csv")
+    (root / "linked_dir").symlink_to(outside, target_is_directory=True)
+    (root / "link_in.npz").symlink_to(root / "a.npz")
+    return root
+
+
+def test_list_data_files(data_dir):
+    assert data.list_data_files(data_dir) == ["a.npz", "link_in.npz", "sub/b.csv",
+                                              "sub/deeper/train-images-idx3-ubyte.gz"]
+    assert data.list_data_files(str(data_dir)) == data.list_data_files(data_dir)
+    with pytest.raises(ValueError, match=r"data_dir: .* is not a directory"):
+        data.list_data_files(data_dir / "a.npz")
+
+
+def test_resolve_data_file(data_dir, tmp_path):
+    assert data.resolve_data_file(data_dir, "sub/b.csv") == (data_dir / "sub" / "b.csv").resolve()
+    assert data.resolve_data_file(data_dir, "link_in.npz") == (data_dir / "a.npz").resolve()
+    assert data.resolve_data_file(data_dir, "sub/../a.npz") == (data_dir / "a.npz").resolve()
+    refused = ["missing.npz", "../outside/secret.csv", str(tmp_path / "outside" / "secret.csv"), "/etc/passwd",
+               "link_out.csv", "linked_dir/secret.csv", "sub", "", ".", "a.npz\x00"]
+    messages = set()
+    for name in refused:
+        msg = _message(data.resolve_data_file, data_dir, name)
+        messages.add(msg.replace(repr(name), "NAME"))
+    assert messages == {"name: no data file NAME in the data directory"}  # missing and outside look the same
+    with pytest.raises(TypeError, match=r"name: must be a str"):
+        data.resolve_data_file(data_dir, None)
+
+
+def _listing(d):
+    return sorted(p.name for p in d.iterdir())
+
+
+def test_save_upload(tmp_path):
+    dest = tmp_path / "uploads"
+    dest.mkdir()
+    payload = _npy_bytes(X0)  # not a zip: must not be kept
+    good = io.BytesIO()
+    np.savez_compressed(good, X=X0, y=Y0)
+    p = data.save_upload("../../etc/my data (1).npz", good.getvalue(), dest)
+    assert p == dest / "my_data_1_.npz" and data.load_arrays(p).n_classes == 3
+    again = data.save_upload("my data (1).npz", good.getvalue(), dest)
+    assert again == dest / "my_data_1_-1.npz"  # never overwrites
+    c = data.save_upload("C:\\Users\\x\\table.CSV", b"1,2,0\n3,4,1\n5,6,0\n7,8,1\n9,1,0\n", dest)
+    assert c.name == "table.CSV"
+    before = _listing(dest)
+    cases = [("bad.npz", payload, r"bad.npz: not a readable .npz file"),
+             ("pw.csv", PASSWD.replace(":", ",").encode(), r"pw.csv: CSV must be numeric .* row 2, column 1: not a number"),
+             ("script.py", b"print(1)", r"filename: must end in .npz or .csv, or be an IDX file"),
+             ("../", good.getvalue(), r"filename: must end in .npz or .csv"),
+             ("x" * 120 + ".csv", b"1,0\n", r"filename: at most 100 characters"),
+             ("huge.npz", b"\0" * (data.MAX_UPLOAD_BYTES + 1), r"content: upload is 20.0 MB, above the limit of 20 MB")]
+    for name, content, match in cases:
+        msg = _message(data.save_upload, name, content, dest)
+        assert re.search(match, msg), msg
+        assert "daemon" not in msg and ".upload-" not in msg
+    assert _listing(dest) == before  # nothing kept, no temporary left behind
+    with pytest.raises(TypeError, match=r"content: must be bytes"):
+        data.save_upload("a.csv", "1,0\n", dest)
+    with pytest.raises(ValueError, match=r"data_dir: .* is not a directory"):
+        data.save_upload("a.csv", b"1,0\n2,1\n", tmp_path / "nope")
+    listed = data.list_data_files(dest)
+    assert listed == ["my_data_1_-1.npz", "my_data_1_.npz", "table.CSV"]
