@@ -31,67 +31,86 @@ _ONE = np.float32(1.0)
 @njit(cache=True, nogil=True, inline="always")
 def _valid(n_out, stride, offset, size):
     """[lo, hi) of the output positions o with 0 <= o*stride + offset < size."""
-    lo = 0
-    if offset < 0:
-        lo = (-offset + stride - 1) // stride
-    hi = (size - 1 - offset) // stride + 1 if size - 1 - offset >= 0 else 0
-    if hi > n_out:
-        hi = n_out
-    if hi < lo:
-        hi = lo
-    return lo, hi
+    lo = 0 if offset >= 0 else (-offset + stride - 1) // stride
+    hi = min(n_out, (size - 1 - offset) // stride + 1) if size - 1 - offset >= 0 else 0
+    return lo, max(hi, lo)
+
+
+# Flat arrays indexed with unsigned integers: Numba then skips the negative-index wraparound test,
+# and the copy loops vectorise (4-d indexing measured 3-5x slower here).
+_U = np.uint64
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def im2col(x, kh, kw, sh, sw, ph, pw, cols):
-    """cols (C*kh*kw, B*OH*OW) from x (B, C, H, W) (module doc); zero where the window leaves x."""
+def im2col(x, kh, kw, sh, sw, ph, pw, b_lo, b_hi, cols):
+    """cols[:, b*P:(b+1)*P] (module doc) for images b_lo <= b < b_hi of x (B, C, H, W); cols
+    (C*kh*kw, B*OH*OW) C-contiguous; zero where the window leaves x. Ranges of b are independent."""
     B, C, H, W = x.shape
     OH = (H + 2 * ph - kh) // sh + 1
     OW = (W + 2 * pw - kw) // sw + 1
+    P = OH * OW
+    N = B * P
+    xf, cf = x.reshape(-1), cols.reshape(-1)
     for c in range(C):
         for i in range(kh):
             for j in range(kw):
                 r = (c * kh + i) * kw + j
-                lo, hi = _valid(OW, sw, j - pw, W)
-                for b in range(B):
+                off = j - pw
+                lo, hi = _valid(OW, sw, off, W)
+                for b in range(b_lo, b_hi):
                     for oh in range(OH):
-                        q = (b * OH + oh) * OW
+                        d = _U(r * N + b * P + oh * OW)
                         ih = oh * sh - ph + i
                         if ih < 0 or ih >= H:
                             for ow in range(OW):
-                                cols[r, q + ow] = _ZERO
+                                cf[d + _U(ow)] = _ZERO
                             continue
                         for ow in range(lo):
-                            cols[r, q + ow] = _ZERO
-                        off = j - pw
-                        for ow in range(lo, hi):
-                            cols[r, q + ow] = x[b, c, ih, ow * sw + off]
+                            cf[d + _U(ow)] = _ZERO
+                        src = _U(((b * C + c) * H + ih) * W + off)
+                        if sw == 1:
+                            for ow in range(lo, hi):
+                                cf[d + _U(ow)] = xf[src + _U(ow)]
+                        else:
+                            for ow in range(lo, hi):
+                                cf[d + _U(ow)] = xf[src + _U(ow * sw)]
                         for ow in range(hi, OW):
-                            cols[r, q + ow] = _ZERO
+                            cf[d + _U(ow)] = _ZERO
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def col2im(cols, kh, kw, sh, sw, ph, pw, dx):
-    """dx (B, C, H, W) = the sum of every cols entry (C*kh*kw, B*OH*OW) into the pixel it was read
-    from by :func:`im2col` (overwrites dx; entries from the padding are dropped)."""
+def col2im(cols, kh, kw, sh, sw, ph, pw, b_lo, b_hi, dx):
+    """dx[b] (C, H, W) for b_lo <= b < b_hi = the sum of every cols entry (C*kh*kw, B*OH*OW) into
+    the pixel :func:`im2col` read it from, in (c, i, j, oh, ow) order (entries from the padding are
+    dropped); dx (B, C, H, W) C-contiguous. Ranges of b are independent."""
     B, C, H, W = dx.shape
     OH = (H + 2 * ph - kh) // sh + 1
     OW = (W + 2 * pw - kw) // sw + 1
-    dx[:] = _ZERO
-    for b in range(B):
+    P = OH * OW
+    N = B * P
+    cf, df = cols.reshape(-1), dx.reshape(-1)
+    for b in range(b_lo, b_hi):
+        base = b * C * H * W
+        for k in range(base, base + C * H * W):
+            df[_U(k)] = _ZERO
         for c in range(C):
             for i in range(kh):
                 for j in range(kw):
                     r = (c * kh + i) * kw + j
-                    lo, hi = _valid(OW, sw, j - pw, W)
                     off = j - pw
+                    lo, hi = _valid(OW, sw, off, W)
                     for oh in range(OH):
                         ih = oh * sh - ph + i
                         if ih < 0 or ih >= H:
                             continue
-                        q = (b * OH + oh) * OW
-                        for ow in range(lo, hi):
-                            dx[b, c, ih, ow * sw + off] += cols[r, q + ow]
+                        src = _U(r * N + b * P + oh * OW)
+                        dst = _U(((b * C + c) * H + ih) * W + off)
+                        if sw == 1:
+                            for ow in range(lo, hi):
+                                df[dst + _U(ow)] += cf[src + _U(ow)]
+                        else:
+                            for ow in range(lo, hi):
+                                df[dst + _U(ow * sw)] += cf[src + _U(ow)]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -129,9 +148,9 @@ def nchw_to_cols(dy, y, act, dz, db):
     """dz[o, b*P + p] = dy[b, o, p] * act'(y[b, o, p]) and db[o] = sum over b, p of it (in b, p
     order); dy, y (B, Cout, P) (y the activation output), dz (Cout, B*P), db (Cout,)."""
     B, Co, P = dy.shape
-    db[:] = _ZERO
-    for b in range(B):
-        for o in range(Co):
+    for o in range(Co):
+        acc = _ZERO
+        for b in range(B):
             q = b * P
             if act == RELU:
                 for p in range(P):
@@ -151,46 +170,46 @@ def nchw_to_cols(dy, y, act, dz, db):
             s = _ZERO
             for p in range(P):
                 s += dz[o, q + p]
-            db[o] += s
+            acc += s
+        db[o] = acc
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def maxpool_forward(x, kh, kw, sh, sw, y, idx):
     """y[b, c, oh, ow] = max of the kh x kw window of x (B, C, H, W) at (oh*sh, ow*sw); idx (int32,
-    shape of y) gets the flat index ih*W + iw of the first maximum (a NaN wins and stays)."""
+    shape of y) gets the flat index ih*W + iw of the first maximum (a NaN wins and stays).
+    x, y, idx C-contiguous."""
     B, C, OH, OW = y.shape
-    W = x.shape[3]
-    for b in range(B):
-        for c in range(C):
-            for oh in range(OH):
-                for ow in range(OW):
-                    h0, w0 = oh * sh, ow * sw
-                    best = x[b, c, h0, w0]
-                    at = h0 * W + w0
-                    if best == best:
-                        for i in range(kh):
-                            for j in range(kw):
-                                v = x[b, c, h0 + i, w0 + j]
-                                if v > best or v != v:
-                                    best = v
-                                    at = (h0 + i) * W + w0 + j
-                                    if v != v:
-                                        break
-                            if best != best:
-                                break
-                    y[b, c, oh, ow] = best
-                    idx[b, c, oh, ow] = at
+    H, W = x.shape[2], x.shape[3]
+    xf, yf, jf = x.reshape(-1), y.reshape(-1), idx.reshape(-1)
+    for plane in range(B * C):
+        xo = plane * H * W
+        yo = plane * OH * OW
+        for oh in range(OH):
+            for ow in range(OW):
+                corner = oh * sh * W + ow * sw
+                at = corner
+                best = xf[_U(xo + at)]
+                for i in range(kh):
+                    for j in range(kw):
+                        k = corner + i * W + j
+                        v = xf[_U(xo + k)]
+                        if best == best and not v <= best:
+                            best = v
+                            at = k
+                yf[_U(yo + oh * OW + ow)] = best
+                jf[_U(yo + oh * OW + ow)] = at
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def maxpool_backward(dy, idx, dx):
-    """dx (B, C, H, W) = 0, then dx[b, c].flat[idx[b, c, oh, ow]] += dy[b, c, oh, ow] (in order)."""
+    """dx (B, C, H, W) = 0, then dx[b, c].flat[idx[b, c, oh, ow]] += dy[b, c, oh, ow] (in order);
+    all C-contiguous."""
     B, C, H, W = dx.shape
     OH, OW = dy.shape[2], dy.shape[3]
-    dx[:] = _ZERO
-    for b in range(B):
-        for c in range(C):
-            for oh in range(OH):
-                for ow in range(OW):
-                    k = idx[b, c, oh, ow]
-                    dx[b, c, k // W, k % W] += dy[b, c, oh, ow]
+    gf, jf, df = dy.reshape(-1), idx.reshape(-1), dx.reshape(-1)
+    df[:] = _ZERO
+    for plane in range(B * C):
+        xo = plane * H * W
+        for k in range(plane * OH * OW, (plane + 1) * OH * OW):
+            df[_U(xo + jf[_U(k)])] += gf[_U(k)]

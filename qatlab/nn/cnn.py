@@ -174,8 +174,11 @@ class Cnn:
         return specs
 
     # -- buffers -------------------------------------------------------------------------------
-    def scratch(self, batch_size: int) -> "CnnScratch":
-        return CnnScratch(self, batch_size)
+    def scratch(self, batch_size: int, backward: bool = True) -> "CnnScratch":
+        """Forward buffers for batches of up to ``batch_size`` rows. ``backward=False`` (evaluation
+        only) keeps the im2col buffers to :data:`INFERENCE_ROWS` rows: the conv layers then run in
+        chunks of that many, and :meth:`backward` refuses the scratch."""
+        return CnnScratch(self, batch_size, backward)
 
     def gradients(self, batch_size: int | None = None) -> "CnnGradients":
         return CnnGradients(self, batch_size)
@@ -202,9 +205,12 @@ class Cnn:
         B = x.shape[0]
         s = scratch._at(B)
         a = x.reshape(B, *self.image_shape)
+        R = scratch._conv_rows
         for l, (g, p, _) in enumerate(self._plan):
             w = self._weights_for(l, scratch)
-            conv_forward(g, a, w, self._b[l], self._act, s.cols[l], s.z[l], s.act[l])
+            for lo in range(0, B, R):   # one chunk unless the scratch is for evaluation only
+                c = scratch._at(min(R, B - lo))
+                conv_forward(g, a[lo:lo + R], w, self._b[l], self._act, c.cols[l], c.z[l], s.act[l][lo:lo + R])
             a = s.act[l]
             aq = self._aq[l]
             if aq is not None:
@@ -252,6 +258,8 @@ class Cnn:
         B = scratch.batch
         if B == 0:
             raise ValueError("scratch: run forward(x, scratch) before backward(x, scratch, grads)")
+        if not scratch.backward:
+            raise ValueError("scratch: made with backward=False (evaluation only); use model.scratch(batch_size)")
         if x is not scratch._x_in and self._input(x, scratch).shape[0] != B:
             raise ValueError(f"x: backward got {np.shape(x)[0]} rows but the last forward had {B}")
         if grads._cap < B:
@@ -301,6 +309,10 @@ class Cnn:
                 f"activation={self.activation!r}, quantized weights/activations={q[0]}/{q[1]})")
 
 
+#: Rows of the im2col buffers of an evaluation-only scratch (``Cnn.scratch(n, backward=False)``).
+INFERENCE_ROWS = 128
+
+
 class _Rows:
     """Views of a buffer set for a batch of B rows (contiguous: cut from flat buffers)."""
 
@@ -315,17 +327,21 @@ class CnnScratch:
     output (+ argmax indices); per dense layer its output and quantized activation; per layer a
     quantized-weight buffer. ``batch`` is the row count of the last forward (0 before any)."""
 
-    def __init__(self, model: Cnn, batch_size: int):
+    def __init__(self, model: Cnn, batch_size: int, backward: bool = True):
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+        if not isinstance(backward, (bool, np.bool_)):
+            raise TypeError(f"backward: expected a bool, got {backward!r}")
         self._model = model
         self.sizes = model.sizes
         self.batch_size = cap = int(batch_size)
+        self.backward = bool(backward)
+        self._conv_rows = rows = cap if backward else min(cap, INFERENCE_ROWS)
         self.batch = 0
         self._cols, self._z, self._act, self._actq, self._pooled, self._idx = [], [], [], [], [], []
         for l, (g, p, pooled) in enumerate(model._plan):
-            self._cols.append(np.empty(g.ck * cap * g.p, np.float32))
-            self._z.append(np.empty(g.c_out * cap * g.p, np.float32))
+            self._cols.append(np.empty(g.ck * rows * g.p, np.float32))
+            self._z.append(np.empty(g.c_out * rows * g.p, np.float32))
             self._act.append(np.empty((cap, g.c_out, g.oh, g.ow), np.float32))
             self._actq.append(np.empty_like(self._act[-1]) if model._aq[l] is not None else None)
             pooling = p != (1, 1)
@@ -342,8 +358,9 @@ class CnnScratch:
         r = self._views.get(B)
         if r is None:
             m, r = self._model, _Rows()
-            r.cols = [_cut(c, (g.ck, B * g.p)) for c, (g, _, _) in zip(self._cols, m._plan)]
-            r.z = [_cut(z, (g.c_out, B * g.p)) for z, (g, _, _) in zip(self._z, m._plan)]
+            n = min(B, self._conv_rows)   # the im2col buffers hold a chunk of rows (evaluation) or all
+            r.cols = [_cut(c, (g.ck, n * g.p)) for c, (g, _, _) in zip(self._cols, m._plan)]
+            r.z = [_cut(z, (g.c_out, n * g.p)) for z, (g, _, _) in zip(self._z, m._plan)]
             r.act = [a[:B] for a in self._act]
             r.actq = [a[:B] if a is not None else None for a in self._actq]
             r.pooled = [p[:B] if p is not None else (q if q is not None else a)

@@ -66,6 +66,15 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
+def _by_images(fn, n_images: int, n_elements: int) -> None:
+    """``fn(lo, hi)`` over ranges of images, on the cores when the buffer is large (the ranges write
+    disjoint parts of the output, so the result is the same however they are split)."""
+    if n_elements >= parallel.MIN_ELEMENTS and n_images >= 2 * parallel.cores():
+        parallel.split_rows(fn, n_images, parallel.cores())
+    else:
+        fn(0, n_images)
+
+
 @dataclass(frozen=True)
 class ConvGeom:
     """Shapes of one convolution over (C, H, W) images: output (Cout, OH, OW), ``ck = C*kh*kw`` rows
@@ -109,7 +118,7 @@ class ConvGeom:
 def conv_forward(g: ConvGeom, x, w2, bias, act: int, cols, z, y) -> None:
     """y (B, Cout, OH, OW) = act(conv(x) + bias) for x (B, C, H, W); w2 (Cout, ck); scratch cols
     (ck, B*p) and z (Cout, B*p) (kept for the backward)."""
-    im2col(x, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, cols)
+    _by_images(lambda lo, hi: im2col(x, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, lo, hi, cols), x.shape[0], cols.size)
     gemm(w2, cols, z)
     cols_to_nchw(z, bias, act, y.reshape(y.shape[0], g.c_out, g.p))
 
@@ -122,7 +131,7 @@ def conv_backward(g: ConvGeom, dy, y, act: int, cols, w2, dz, dw2, db, dcols=Non
     gemm(dz, cols.T, dw2)
     if dx is not None:
         gemm(w2.T, dz, dcols)
-        col2im(dcols, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, dx)
+        _by_images(lambda lo, hi: col2im(dcols, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, lo, hi, dx), B, dcols.size)
 
 
 def pool_size(size: int, k: int, s: int) -> int:
