@@ -129,7 +129,7 @@ def cmd_run(args) -> int:
     name = args.name or os.path.splitext(os.path.basename(args.config))[0]
     run_id = store.create_run(cfg, name=name, notes=args.notes)
     print(f"run {run_id} ({name}) -> {store.path}", file=sys.stderr)
-    log, stop, state = _tap_log(), threading.Event(), {"done": 0, "total": 0}
+    log, stop, state, unsent = _tap_log(), threading.Event(), {"done": 0, "total": 0}, []
 
     def report(done: int, total: int) -> bool:
         state["done"], state["total"] = done, total
@@ -150,8 +150,8 @@ def cmd_run(args) -> int:
         try:
             thread.join(0.1)
             now = time.monotonic()
-            if log.pending and now - last_flush >= FLUSH_SECONDS:
-                _flush(store, run_id, log)
+            if (log.pending or unsent) and now - last_flush >= FLUSH_SECONDS:
+                _flush(store, run_id, log, unsent)
                 last_flush = last_beat = now
             if now - last_beat >= HEARTBEAT_SECONDS:
                 store.heartbeat([run_id])
@@ -160,7 +160,7 @@ def cmd_run(args) -> int:
         except KeyboardInterrupt:       # stop after the current step; the run is kept as stopped
             stop.set()
             print("\nstopping (Ctrl-C) ...", file=sys.stderr)
-    _flush(store, run_id, log)
+    _flush(store, run_id, log, unsent)
     progress.draw(state["done"], state["total"], log.last("loss"), final=True)
     if "error" in state:
         store.set_status(run_id, "failed", state["error"])
@@ -177,12 +177,13 @@ def cmd_run(args) -> int:
     return EXIT_INTERRUPTED if stop.is_set() else EXIT_FAILED
 
 
-def _flush(store, run_id: str, log) -> None:
-    rows = []
+def _flush(store, run_id: str, log, unsent: list) -> None:
+    """Write the queued rows; rows of a write that Ctrl-C broke off stay in ``unsent`` for the next one."""
     while log.pending:
-        rows.append(log.pending.popleft())
-    if rows:
-        store.append_rows(run_id, rows)
+        unsent.append(log.pending.popleft())
+    if unsent:
+        store.append_rows(run_id, unsent)
+        unsent.clear()
 
 
 def cmd_runs(args) -> int:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -124,3 +125,26 @@ def test_killed_cli_run_is_interrupted_with_its_rows(tmp_path):
     h = RunStore(store).history(r.id)
     np.testing.assert_array_equal(h["row_id"], np.arange(r.n_rows))
     assert np.all(np.diff(h["step"]) >= 0)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_run_and_keeps_it(tmp_path):
+    long = {**TINY, "optim": {**TINY["optim"], "epochs": 100_000}}
+    store = str(tmp_path / "s.sqlite")
+    proc = subprocess.Popen([sys.executable, "-m", "qatlab", "run", write(tmp_path, json.dumps(long)), "--store", store],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        deadline, seen = time.monotonic() + 120, 0
+        while seen == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            if os.path.exists(store):
+                runs = RunStore(store, check_interrupted=False).runs()
+                seen = runs[0].n_rows if runs else 0
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    (r,) = RunStore(store).runs()
+    assert r.status == "stopped" and "stopped by request" in r.message and r.n_rows >= seen > 0
+    assert len(RunStore(store).history(r.id)["step"]) == r.n_rows

@@ -61,6 +61,9 @@ def translated(path: str, timeout: float):
                 "try again when the other writer is done, or raise the timeout") from exc
         if "malformed" in text or "corrupt" in text:
             raise _corrupt(path, exc) from exc
+        if "unable to open" in text or "readonly" in text:
+            raise ValueError(f"{path}: cannot open the run store for writing ({exc}); "
+                             "give a writable store path") from exc
         raise
     except sqlite3.DatabaseError as exc:
         text = str(exc).lower()
