@@ -337,6 +337,7 @@ def test_binary_csv_and_directory(tmp_path):
     d = tmp_path / "folder.npz"
     d.mkdir()
     assert "'folder.npz' is a directory" in _message(data.load_arrays, d)
+    assert f"{tmp_path.name!r} is a directory" in _message(data.load_arrays, tmp_path)
 
 
 def test_npz_errors_name_only_the_expected_keys(tmp_path):

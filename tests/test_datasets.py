@@ -259,3 +259,20 @@ def test_fashion_mnist_debian_package():
     assert np.array_equal(np.bincount(ds.y_train), [6000] * 10)
     assert np.array_equal(np.bincount(ds.y_test), [1000] * 10)
     assert ds.y_train[:5].tolist() == [9, 0, 0, 3, 0] and ds.y_test[:5].tolist() == [9, 2, 1, 1, 6]
+
+
+def test_save_upload_idx(tmp_path):
+    imgs = np.arange(2 * 28 * 28, dtype=np.uint8).reshape(2, 28, 28)
+    body = gzip.compress(idx_bytes(imgs))
+    p = data.save_upload("train-images-idx3-ubyte.gz", body, tmp_path)
+    assert p == tmp_path / "train-images-idx3-ubyte.gz" and np.array_equal(data.read_idx(p), imgs)
+    again = data.save_upload("train-images-idx3-ubyte.gz", body, tmp_path)
+    assert again.name == "train-1-images-idx3-ubyte.gz"  # still an images file that finds its labels
+    assert data.save_upload("images-idx3-ubyte.gz", body, tmp_path).name == "images-idx3-ubyte.gz"
+    assert data.save_upload("images-idx3-ubyte.gz", body, tmp_path).name == "1-images-idx3-ubyte.gz"
+    labels = data.save_upload("train-labels-idx1-ubyte", idx_bytes(np.array([1, 2], np.uint8)), tmp_path)
+    assert data.load_arrays(p, test_fraction=0.5).n_classes == 3 and labels.is_file()
+    before = sorted(tmp_path.iterdir())
+    with pytest.raises(ValueError, match=r"t10k-images-idx3-ubyte.gz: truncated IDX file"):
+        data.save_upload("t10k-images-idx3-ubyte.gz", gzip.compress(idx_bytes(imgs)[:-5]), tmp_path)
+    assert sorted(tmp_path.iterdir()) == before

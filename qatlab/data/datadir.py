@@ -95,13 +95,16 @@ def _safe_name(filename: str) -> str:
 
 
 def _free_name(dest: Path, base: str) -> Path:
-    """``base`` in ``dest``, or ``stem-1.ext``, ``stem-2.ext``, ... if it is taken."""
-    cand = dest / base
-    m = re.match(r"(.*?)((?:-idx[1-4]-ubyte)?(?:\.gz)?|\.[^.]*)$", base, re.IGNORECASE)
-    stem, ext = (m.group(1), m.group(2)) if m and m.group(1) else (base, "")
-    i = 1
+    """``base`` in ``dest``, or with ``-1``, ``-2``, ... before its extension if taken.
+
+    IDX names keep their ``images-idx3-ubyte[.gz]`` tail whole (``train-1-images-idx3-ubyte.gz``)
+    so an images file still finds its labels.
+    """
+    idx = re.search(r"[-_.]?(?:(?:images|labels)-)?idx[1-4]-ubyte(?:\.gz)?$", base, re.IGNORECASE)
+    stem, ext = (base[:idx.start()], base[idx.start():]) if idx else os.path.splitext(base)
+    cand, i = dest / base, 1
     while cand.exists() or cand.is_symlink():
-        cand = dest / f"{stem}-{i}{ext}"
+        cand = dest / (f"{stem}-{i}{ext}" if stem else f"{i}-{ext}")
         i += 1
     return cand
 

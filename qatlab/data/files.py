@@ -300,11 +300,11 @@ def load_arrays(path: str | os.PathLike, test_fraction: float = 0.2, seed: int =
         raise ValueError(f"task: must be one of {TASKS}, got {task!r}")
     path = Path(path)
     fname = path.name
+    if path.is_dir():
+        raise ValueError(f"path: {fname!r} is a directory; give a .npz, .csv or IDX file")
     if path.suffix.lower() not in (".npz", ".csv") and not IDX_IMAGES.search(fname):
         raise ValueError(f"path: unknown extension {path.suffix!r} of {fname!r}; expected .npz, .csv "
                          f"or an IDX images file (*images-idx3-ubyte[.gz])")
-    if path.is_dir():
-        raise ValueError(f"path: {fname!r} is a directory; give a .npz, .csv or IDX file")
     if not path.is_file():
         raise FileNotFoundError(f"path: no such file {fname!r}")
     arrays = _read_any(path)
