@@ -19,4 +19,5 @@ class NonFiniteError(ValueError):
     def describe(self, step: int) -> str:
         """``"<quantity> became <value> at step <step>"`` (the message itself if no quantity)."""
         what = self.quantity if self.quantity is not None else str(self)
-        return f"{what} became {self.value} at step {step}"
+        value = f"{self.value:.4g}" if isinstance(self.value, float) else self.value
+        return f"{what} became {value} at step {step}"
