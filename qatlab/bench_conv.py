@@ -86,6 +86,43 @@ def make_qatlab_step(weights: str, bits, per_channel, x, labels):
     return step, model
 
 
+def make_pieces(weights: str, bits, per_channel, x, labels) -> dict:
+    """{piece: fn} for one model: its forward alone, forward + loss + backward, and the whole step."""
+    model = make_model(weights, bits, per_channel)
+    scratch, grads = model.scratch(len(x)), model.gradients(len(x))
+    opt = Adam(model.flat_params(), lr=LR)
+
+    def forward():
+        return model.forward(x, scratch)
+
+    def forward_backward():
+        loss = cross_entropy_loss(model.forward(x, scratch), labels, grads.d_output_mut())
+        model.backward(x, scratch, grads, need_input_grad=False)
+        return loss
+
+    def step():
+        loss = forward_backward()
+        opt.step(grads.flat())
+        return loss
+
+    return {"forward": forward, "forward_backward": forward_backward, "step": step}
+
+
+def breakdown_rows(m: dict) -> list[dict]:
+    """Rows of forward / backward (with the loss) / optimizer ms per kind from measured pieces."""
+    rows = []
+    for key, label, *_ in KINDS:
+        f, fb, st = (m[f"{key}:{p}"].median * 1e3 for p in ("forward", "forward_backward", "step"))
+        rows.append({"kind": key, "weights": label, "forward_ms": f, "backward_ms": fb - f,
+                     "optimizer_ms": st - fb, "step_ms": st})
+    return rows
+
+
+BREAKDOWN_COLUMNS = [Column("weights", "weights"), Column("forward_ms", "forward ms", "{:.3f}"),
+                     Column("backward_ms", "loss + backward ms", "{:.3f}"),
+                     Column("optimizer_ms", "Adam ms", "{:.3f}"), Column("step_ms", "step ms", "{:.3f}")]
+
+
 def make_floor(batch: int = BATCH):
     """floor(): the LeNet step's eight matrix products on im2col matrices, outputs preallocated."""
     rng = np.random.default_rng(7)
@@ -253,7 +290,11 @@ def run(opts: BenchOptions) -> SuiteResult:
         notes.append(f"torch {torch.__version__} eager twin from the same initial weights; relative loss "
                      f"difference over its first 3 steps vs qatlab: {diffs}; 'torch best' = the faster of "
                      f"1 thread and the default {threads} threads")
-    table = Table(f"CNN training step, LeNet shape, batch {batch} (ms per step)", COLUMNS, list(rows.values()))
-    return SuiteResult(tables=[table], goals=goals(rows), notes=notes,
+    pieces = {f"{key}:{p}": fn for key, _, w, b, pc in KINDS for p, fn in make_pieces(w, b, pc, x, labels).items()}
+    parts = measure_many(pieces, repeats=opts.repeats, warmup=opts.warmup, min_time=opts.min_time)
+    tables = [Table(f"CNN training step, LeNet shape, batch {batch} (ms per step)", COLUMNS, list(rows.values())),
+              Table("where a qatlab step's time goes (measured separately: forward; forward + loss + backward; "
+                    "step; the differences)", BREAKDOWN_COLUMNS, breakdown_rows(parts))]
+    return SuiteResult(tables=tables, goals=goals(rows), notes=notes,
                        extra={"batch": batch, "torch": torch is not None, "torch_threads": threads,
                               "same_math": checks})

@@ -118,6 +118,7 @@ def test_first_call_cold_cache(tmp_path):
 def tiny_quality(monkeypatch):
     monkeypatch.setattr(bench_quality, "QUICK_EPOCHS", 1)
     monkeypatch.setattr(bench_quality, "_import_torch", lambda: None)
+    monkeypatch.setenv(bench_quality.PARTS_ENV, "digits")
 
 
 def test_quality_config_is_the_recipe():
@@ -153,7 +154,7 @@ def test_quality_suite_quick_structure(tiny_quality, tmp_path):
     assert all("quick run: 1 of 40 epochs" in g["measured"] for g in payload["goals"])
     _check_goals(payload)
     assert payload["notes"][0].startswith("QUICK RUN")
-    assert payload["extra"] == {"epochs": 1, "quick": True, "torch": False}
+    assert payload["extra"] == {"epochs": 1, "quick": True, "torch": False, "parts": ["digits"]}
 
 
 # ----------------------------------------------------------------------------- torch references
@@ -210,6 +211,11 @@ def test_conv_suite_quick_structure(monkeypatch, tmp_path):
         assert r["x_floor"] == pytest.approx(r["qatlab_ms"] / r["floor_ms"])
         assert r["x_float"] == pytest.approx(r["qatlab_ms"] / rows[0]["qatlab_ms"])
         assert r["qatlab_ms"] == pytest.approx(r["raw"]["qatlab"]["median_s"] * 1e3)
+    pieces = payload["tables"][1]["rows"]
+    assert [r["kind"] for r in pieces] == ["float", "fake4pc", "ternary"]
+    for r in pieces:
+        assert r["forward_ms"] > 0 and r["step_ms"] > 0
+        assert r["forward_ms"] + r["backward_ms"] + r["optimizer_ms"] == pytest.approx(r["step_ms"])
     goals = payload["goals"]
     assert len(goals) == 3 + 3 + 2
     assert all(g["status"] == "SKIP" for g in goals[:3])             # torch hidden
@@ -253,3 +259,55 @@ def test_conv_torch_twin_same_math(torch):
         check = bench_conv.same_math(weights, bits, pc, x, labels)
         assert abs(check["qatlab_losses"][0] - check["torch_losses"][0]) < 1e-5 * check["torch_losses"][0]
         assert check["max_rel_diff"] < 1e-2
+
+
+def test_quality_parts_env(monkeypatch):
+    monkeypatch.delenv(bench_quality.PARTS_ENV, raising=False)
+    assert bench_quality.parts() == ("digits", "cnn")
+    monkeypatch.setenv(bench_quality.PARTS_ENV, " cnn ")
+    assert bench_quality.parts() == ("cnn",)
+    monkeypatch.setenv(bench_quality.PARTS_ENV, "digits,imagenet")
+    with pytest.raises(ValueError, match="QATLAB_BENCH_QUALITY_PARTS"):
+        bench_quality.parts()
+
+
+def test_cnn_quality_configs_are_the_recipes():
+    from qatlab import bench_quality_cnn as q
+
+    cfg = q.mnist_config("fake", 4, True, "tanh", seed=2)
+    assert (cfg.data.dataset, cfg.data.test_fraction, cfg.data.seed) == ("mnist", 0.2, 0)
+    m = cfg.model
+    assert (m.architecture, m.conv_channels, m.kernel_size, m.pool, m.hidden) == ("cnn", [16, 32], 5, 2, [])
+    assert (cfg.quant.weights, cfg.quant.weight_bits, cfg.quant.per_channel, cfg.quant.ste) == ("fake", 4, True,
+                                                                                               SteKind.TANH)
+    o = cfg.optim
+    assert (o.optimizer, o.lr, o.schedule, o.epochs, o.batch_size, o.seed) == ("adam", 1e-3, "constant", 20, 64, 2)
+    assert q.mnist1d_config("mlp").model.architecture == "mlp" and q.mnist1d_config("cnn").data.dataset == "mnist1d"
+
+
+@pytest.mark.slow
+def test_quality_cnn_quick_structure(monkeypatch, tmp_path):
+    from qatlab import bench_quality_cnn as q
+
+    monkeypatch.setattr(bench_quality, "_import_torch", lambda: None)
+    monkeypatch.setenv(bench_quality.PARTS_ENV, "cnn")
+    result, payload, text = _run("quality", FAST, tmp_path)
+    main, ste, one_d = payload["tables"]
+    assert [r["key"] for r in main["rows"]] == ["float", "fake4pc", "ternary"]
+    for r in main["rows"]:
+        assert r["seeds"] == [0] and r["status"] == "finished" and "torch_acc_pct" not in r
+        accs = [s["test_accuracy"] for s in r["per_seed"]]
+        assert r["test_accuracy"] == pytest.approx(sum(accs) / len(accs))
+        assert r["min_pct"] <= r["acc_pct"] <= r["max_pct"]
+    assert main["rows"][0]["test_accuracy"] > 0.5                     # one epoch already learns mnist
+    pairs = [(r["run"], r["ste"]) for r in ste["rows"]]
+    assert pairs == [(w, k.value) for w in ("4-bit per-channel", "ternary") for k in SteKind]
+    assert ste["rows"][0]["test_accuracy"] == main["rows"][1]["per_seed"][0]["test_accuracy"]
+    assert [r["key"] for r in one_d["rows"]] == ["cnn", "mlp"]
+    goals = payload["goals"]
+    assert len(goals) == 4 and all("quick run" in g["measured"] for g in goals)
+    floors = [f for *_, f in q.MNIST_RUNS] + [q.MNIST1D_GOAL]
+    accs = [r["test_accuracy"] for r in main["rows"]] + [one_d["rows"][0]["test_accuracy"]]
+    assert [g["passed"] for g in goals] == [a >= f for a, f in zip(accs, floors)]   # from the numbers
+    _check_goals(payload)
+    assert payload["extra"]["parts"] == ["cnn"] and payload["extra"]["cnn"]["seeds"] == [0]
