@@ -23,10 +23,21 @@ ENV = "QATLAB_MEMORY_BUDGET"
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-def layer_shapes(cfg, n_features: int, n_outputs: int) -> list[tuple]:
-    """The model's layers in order. MLP: one ``(n_in, n_out)`` per dense layer."""
-    sizes = [int(n_features), *(int(h) for h in cfg.model.hidden), int(n_outputs)]
-    return list(zip(sizes[:-1], sizes[1:]))
+def layer_shapes(cfg, n_features: int, n_outputs: int, image_shape=None) -> list[tuple]:
+    """The model's layers in order. MLP: one ``(n_in, n_out)`` per dense layer. CNN (needs the
+    dataset's ``image_shape``): one ``(C*kh*kw, Cout, OH*OW, pooled outputs)`` per conv layer, then
+    the dense layers from the flattened features."""
+    first = int(n_features)
+    convs = []
+    if cfg.model.architecture == "cnn":
+        from .nn.cnn import conv_plan     # shapes only: allocates nothing
+        if image_shape is None:
+            raise ValueError("ModelConfig.architecture: 'cnn' needs a dataset with an image shape")
+        plan = conv_plan(image_shape, cfg.model.conv_channels, cfg.model.kernel_size, cfg.model.pool)
+        convs = [(g.ck, g.c_out, g.p, pooled[0] * pooled[1] * pooled[2]) for g, _, pooled in plan]
+        first = convs[-1][3]
+    sizes = [first, *(int(h) for h in cfg.model.hidden), int(n_outputs)]
+    return convs + list(zip(sizes[:-1], sizes[1:]))
 
 
 def _layer_counts(shape: tuple) -> tuple[int, int, int]:
@@ -34,12 +45,33 @@ def _layer_counts(shape: tuple) -> tuple[int, int, int]:
     if len(shape) == 2:                     # dense (n_in, n_out)
         n_in, n_out = shape
         return n_in * n_out, n_out, n_out
+    if len(shape) == 4:                     # conv (C*kh*kw, Cout, OH*OW, pooled outputs)
+        ck, c_out, _, out = shape
+        return ck * c_out, c_out, out
     raise ValueError(f"shape: unknown layer description {shape!r}")
 
 
-def estimate_memory(cfg, n_train: int, n_test: int, n_features: int, n_outputs: int) -> dict[str, int]:
-    """Bytes per part of a run of ``cfg`` on a dataset of these sizes, and their ``"total"``."""
-    counts = [_layer_counts(s) for s in layer_shapes(cfg, n_features, n_outputs)]
+def _conv_workspace(shapes, batch: int, eval_rows: int, act_quant: bool) -> int:
+    """Float32 entries of the conv layers' own buffers (:class:`~qatlab.nn.cnn.CnnScratch` and
+    ``CnnGradients``) beyond each layer's output: im2col matrix, product, activation (+ quantized
+    copy), argmax indices; gradients of the activation, product and im2col matrix. The evaluation
+    scratch keeps its im2col buffers to ``INFERENCE_ROWS`` rows."""
+    inference_rows = min(eval_rows, 128)   # qatlab.nn.cnn.INFERENCE_ROWS
+    total = 0
+    for ck, c_out, p, out in (s for s in shapes if len(s) == 4):
+        per_row = c_out * p * (2 if act_quant else 1) + out          # activation (+ quantized), indices
+        total += batch * (per_row + (ck + c_out) * p)                 # training forward
+        total += batch * (c_out * p * 2 + ck * p)                     # its gradients
+        total += eval_rows * per_row + inference_rows * (ck + c_out) * p
+    return total
+
+
+def estimate_memory(cfg, n_train: int, n_test: int, n_features: int, n_outputs: int,
+                    image_shape=None) -> dict[str, int]:
+    """Bytes per part of a run of ``cfg`` on a dataset of these sizes, and their ``"total"``
+    (a cnn needs the dataset's ``image_shape`` (C, H, W))."""
+    shapes = layer_shapes(cfg, n_features, n_outputs, image_shape)
+    counts = [_layer_counts(s) for s in shapes]
     weights = sum(w for w, _, _ in counts)
     params = weights + sum(b for _, b, _ in counts)
     acts = sum(a for _, _, a in counts)                    # per sample, every layer's output
@@ -62,6 +94,7 @@ def estimate_memory(cfg, n_train: int, n_test: int, n_features: int, n_outputs: 
         "eval_scratch": eval_rows * per_row * F32,
         "phase": phase_vectors * params * F32,
         "dataset": (int(n_train) + int(n_test)) * (int(n_features) * F32 + 8),
+        "conv_workspace": _conv_workspace(shapes, batch, eval_rows, cfg.quant.activations != "off") * F32,
     }
     parts["total"] = sum(parts.values())
     return parts
@@ -114,9 +147,10 @@ def _gib(n: int) -> str:
     return f"{n} B"
 
 
-def check_memory(cfg, n_train: int, n_test: int, n_features: int, n_outputs: int, budget=None) -> dict[str, int]:
+def check_memory(cfg, n_train: int, n_test: int, n_features: int, n_outputs: int, budget=None,
+                 image_shape=None) -> dict[str, int]:
     """:func:`estimate_memory`, or ``ValueError`` naming the estimate and the budget when over it."""
-    parts = estimate_memory(cfg, n_train, n_test, n_features, n_outputs)
+    parts = estimate_memory(cfg, n_train, n_test, n_features, n_outputs, image_shape)
     limit, source = memory_budget(budget)
     if parts["total"] > limit:
         shown = ", ".join(f"{k.replace('_', ' ')} {_gib(v)}" for k, v in parts.items() if k != "total" and v)

@@ -46,7 +46,7 @@ from ..nn import Mlp, cross_entropy_loss, mse_loss
 from ..optim import make_optimizer
 from ..resources import check_memory
 from ..quant import FLOAT32_EPS, SCALE_MAX, FakeQuantize, TernaryQuantizer, _noise_stats
-from .build import build_model, set_observing
+from .build import build_model, check_cnn, set_observing
 
 EVAL_CHUNK = 1024
 #: At most this many training steps run at once in the process (one per core, plus one); the other
@@ -274,8 +274,12 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
     data = load_dataset(cfg.data)
     if data.n_train == 0 or data.n_test == 0:
         raise ValueError("data: the train and test splits must both be non-empty")
-    check_memory(cfg, data.n_train, data.n_test, data.n_features, data.n_outputs)   # before the model exists
-    mlp = build_model(cfg, data.n_features, data.n_outputs, getattr(data, "image_shape", None))
+    image_shape = getattr(data, "image_shape", None)
+    if cfg.model.architecture == "cnn":
+        check_cnn(cfg, data.n_features, image_shape)   # a clear message before the memory estimate
+    check_memory(cfg, data.n_train, data.n_test, data.n_features, data.n_outputs,
+                 image_shape=image_shape)   # before the model exists
+    mlp = build_model(cfg, data.n_features, data.n_outputs, image_shape)
     bs = min(cfg.optim.batch_size, data.n_train)
     steps_per_epoch = math.ceil(data.n_train / bs)
     total = steps_per_epoch * cfg.optim.epochs
