@@ -29,7 +29,7 @@ from .quant import (FakeQuantize, MinMaxObserver, MovingAverageMinMaxObserver, T
                     ternary_dequantize, ternary_quantize)
 from . import data
 from .runs import Run, RunResult, compare_ste, run_experiment, start_ste_comparison
-from .nn import Gradients, Mlp, Scratch
+from .nn import Cnn, CnnGradients, CnnScratch, Conv2d, Flatten, Gradients, Linear, MaxPool2d, Mlp, Scratch
 from .nn.export import ExportedModel, load_exported
 from .nn.summary import ModelSummary, summary
 from .fused import FusedStep
