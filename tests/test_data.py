@@ -494,6 +494,7 @@ def data_dir(tmp_path):
     np.savez(root / "a.npz", X=X0, y=Y0)
     (root / "sub" / "b.csv").write_text("1,2,0\n3,4,1\n5,6,0\n7,8,1\n9,1,0\n")
     (root / "sub" / "deeper" / "train-images-idx3-ubyte.gz").write_bytes(b"")
+    (root / "sub" / "deeper" / "train-labels-idx1-ubyte.gz").write_bytes(b"")  # found beside, not listed
     (root / "sub" / "notes.txt").write_text("x")
     (root / ".hidden" / "c.npz").write_bytes(b"")
     (root / ".d.npz").write_bytes(b"")

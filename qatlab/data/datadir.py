@@ -24,7 +24,13 @@ _MAX_NAME = 100
 
 
 def _is_data_name(name: str) -> bool:
+    """A name an upload may have: .npz, .csv or any IDX file (images and their labels)."""
     return name.lower().endswith((".npz", ".csv")) or bool(IDX_NAME.search(name))
+
+
+def _is_loadable_name(name: str) -> bool:
+    """A name that load_arrays takes: .npz, .csv or IDX images (their labels are found beside them)."""
+    return name.lower().endswith((".npz", ".csv")) or bool(IDX_IMAGES.search(name))
 
 
 def _root(data_dir) -> Path:
@@ -57,7 +63,9 @@ def resolve_data_file(data_dir: str | os.PathLike, name: str) -> Path:
 
 
 def list_data_files(data_dir: str | os.PathLike) -> list[str]:
-    """Sorted relative names (``/``-separated) of the ``.npz``, ``.csv`` and IDX files under ``data_dir``.
+    """Sorted relative names (``/``-separated) of the files under ``data_dir`` that
+    :func:`load_arrays` takes: ``.npz``, ``.csv`` and IDX images (``*images-idx3-ubyte[.gz]``,
+    whose labels file is found beside them, so labels files are not listed).
 
     Only files that :func:`resolve_data_file` accepts are listed (symlinks leading
     out are left out); symlinked folders are not descended; hidden entries are
@@ -68,7 +76,7 @@ def list_data_files(data_dir: str | os.PathLike) -> list[str]:
     for top, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for f in sorted(files):
-            if f.startswith(".") or not _is_data_name(f):
+            if f.startswith(".") or not _is_loadable_name(f):
                 continue
             rel = Path(top, f).relative_to(root).as_posix()
             try:
