@@ -11,10 +11,16 @@ four are also trained by a PyTorch eager implementation of the same recipe
 (:mod:`qatlab.bench_torch_ref`: same split, same initial weights, same batch order, Adam lr 1e-2,
 identity STE), reported side by side. Goals: float, 8-bit and 4-bit >= 97%, ternary >= 96%.
 ``--quick`` trains fewer epochs and says so in every goal line and in the notes.
+
+Then the CNN recipes of issue 24 (:mod:`qatlab.bench_quality_cnn`): mnist LeNet (float, 4-bit
+per-channel, ternary; mean over seeds 0-2; every SteKind; the PyTorch twin) and mnist1d CNN vs MLP.
+The environment variable ``QATLAB_BENCH_QUALITY_PARTS`` (``digits``, ``cnn`` or ``digits,cnn``, the
+default) picks which halves run.
 """
 from __future__ import annotations
 
 import math
+import os
 
 from . import config as C
 from .benchkit import BenchOptions, Column, Goal, SuiteResult, Table, suite
@@ -30,6 +36,8 @@ LR = 1e-2
 SEED = 0
 HIDDEN = 256
 TEST_FRACTION = 0.2
+PARTS_ENV = "QATLAB_BENCH_QUALITY_PARTS"
+PARTS = ("digits", "cnn")
 
 #: (key, label, weights, bits, goal) of the main comparison; goal is the accuracy floor (fraction).
 MAIN_RUNS = (
@@ -135,11 +143,36 @@ def _goals(main: dict, epochs: int, quick: bool) -> list[Goal]:
     return goals
 
 
-@suite("quality", description="digits 64-256-10: test accuracy per weight quantizer and STE, vs PyTorch eager")
+def parts() -> tuple[str, ...]:
+    """The halves named by ``QATLAB_BENCH_QUALITY_PARTS`` (default both); ValueError for other names."""
+    raw = os.environ.get(PARTS_ENV, ",".join(PARTS))
+    names = tuple(p.strip() for p in raw.split(",") if p.strip())
+    if not names or any(p not in PARTS for p in names):
+        raise ValueError(f"{PARTS_ENV}: expected a comma-separated subset of {', '.join(PARTS)}; got {raw!r}")
+    return names
+
+
+@suite("quality", description="test accuracy per weight quantizer and STE: digits MLP, mnist/mnist1d CNN, vs PyTorch eager")
 def run(opts: BenchOptions) -> SuiteResult:
     """Run the quality suite (see the module docstring) and return its tables and goals."""
-    epochs = QUICK_EPOCHS if opts.quick else EPOCHS
+    halves = parts()
     torch = _import_torch()
+    result = run_digits(opts, torch) if "digits" in halves else SuiteResult(tables=[])
+    if "cnn" in halves:
+        from .bench_quality_cnn import run_cnn_recipes
+
+        tables, goals, notes, extra = run_cnn_recipes(opts.quick, torch is not None)
+        result.tables += tables
+        result.goals += goals
+        result.notes += notes
+        result.extra["cnn"] = extra
+    result.extra["parts"] = list(halves)
+    return result
+
+
+def run_digits(opts: BenchOptions, torch) -> SuiteResult:
+    """The digits MLP recipe (tables, goals, notes)."""
+    epochs = QUICK_EPOCHS if opts.quick else EPOCHS
     ds = load_dataset(make_config("float", epochs=epochs).data) if torch is not None else None
 
     _warm_up(ds)
