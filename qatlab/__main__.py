@@ -81,8 +81,8 @@ def _open_store(path):
 class _Progress:
     """A one-line progress bar on stderr (redrawn in place on a terminal, a line every few seconds otherwise)."""
 
-    def __init__(self, stream=sys.stderr):
-        self.stream = stream
+    def __init__(self, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
         self.tty = stream.isatty()
         self.t0 = time.perf_counter()
         self.last = -math.inf

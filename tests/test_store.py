@@ -486,3 +486,19 @@ def test_record_a_real_run(store):
     model = store.load_model(rid)
     x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
     np.testing.assert_array_equal(model.forward(x, model.scratch(4)), res.model.forward(x, res.model.scratch(4)))
+
+
+def _append_in_child(store: RunStore, rid: str) -> None:
+    store.append_rows(rid, [{"step": 100 + i} for i in range(5)])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork")
+def test_a_forked_child_opens_its_own_connection(store):
+    rid = store.create_run(tiny())
+    store.append_rows(rid, [{"step": i} for i in range(5)])
+    child = multiprocessing.get_context("fork").Process(target=_append_in_child, args=(store, rid))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    store.append_rows(rid, [{"step": 200}])          # the parent's connection still works
+    np.testing.assert_array_equal(store.history(rid)["step"], [0, 1, 2, 3, 4, 100, 101, 102, 103, 104, 200])
