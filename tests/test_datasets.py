@@ -270,6 +270,7 @@ def test_save_upload_idx(tmp_path):
     assert again.name == "train-1-images-idx3-ubyte.gz"  # still an images file that finds its labels
     assert data.save_upload("images-idx3-ubyte.gz", body, tmp_path).name == "images-idx3-ubyte.gz"
     assert data.save_upload("images-idx3-ubyte.gz", body, tmp_path).name == "1-images-idx3-ubyte.gz"
+    assert data.save_upload("SHOUT-IMAGES-IDX3-UBYTE.GZ", body, tmp_path).name == "SHOUT-IMAGES-IDX3-UBYTE.GZ"
     labels = data.save_upload("train-labels-idx1-ubyte", idx_bytes(np.array([1, 2], np.uint8)), tmp_path)
     assert data.load_arrays(p, test_fraction=0.5).n_classes == 3 and labels.is_file()
     before = sorted(tmp_path.iterdir())

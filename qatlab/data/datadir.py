@@ -136,13 +136,14 @@ def save_upload(filename: str, content: bytes, dest_dir: str | os.PathLike) -> P
                          f"{MAX_UPLOAD_BYTES / 2**20:.0f} MB")
     base = _safe_name(filename)
     dest = _root(dest_dir)
-    suffix = base[base.index("-idx"):] if IDX_NAME.search(base) else Path(base).suffix
+    idx = IDX_NAME.search(base)
+    suffix = base[idx.start():] if idx else Path(base).suffix
     fd, tmp = tempfile.mkstemp(dir=dest, prefix=".upload-", suffix=suffix)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(content)
         tmp_path = Path(tmp)
-        if IDX_NAME.search(base):
+        if idx:
             read_idx(tmp_path)
         else:
             try:
