@@ -35,7 +35,7 @@ from .fields import Field, short_error, supported
 DEBOUNCE_S = 0.8
 
 # (config attribute, card title, collapsed?)
-SECTIONS = [("data", "Dataset", True), ("model", "Model", False), ("quant", "Quantization", False),
+SECTIONS = [("data", "Dataset", False), ("model", "Model", False), ("quant", "Quantization", False),
             ("optim", "Optimizer", False), ("phase", "Phase training", True)]
 NOT_SHOWN = {"name", "data.path"}        # path: set by the data file chooser, never typed
 LABELS = {

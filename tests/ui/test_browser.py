@@ -3,20 +3,27 @@
 One page is opened for the whole module and driven like a person would, by the stable labels
 and Bokeh model names of :mod:`qatlab.ui`: a long run streams (its ``loss-source-<run id>``
 grows in ``Bokeh.documents``) and is stopped, a short run reaches ``finished``, ``Compare STE
-kinds`` shows four runs (a screenshot of that is saved to ``assets/screenshot.png``). Finally
-the page must have logged no console error, shown no traceback, and requested nothing from any
-host but the server (the dashboard works air-gapped).
+kinds`` shows four runs (a screenshot of that is saved to ``assets/screenshot.png``). The
+sidebar: each invalid value typed shows its field's error and disables Start until fixed, fields
+that do not apply are hidden, a double click on Start makes one run, a bad upload shows only the
+data layer's message, and a small .npz uploaded through the page (or chosen from the server's
+data directory) trains. Finally the page must have logged no console error or warning, shown no
+traceback, and requested nothing from any host but the server (the dashboard works air-gapped),
+and the server's log must hold no traceback and no ERROR line.
 
 Skips with a reason when playwright or chromium is missing, unless ``QATLAB_REQUIRE_BROWSER=1``.
 """
 from __future__ import annotations
 
+import os
+import re
 import time
 from urllib.parse import urlsplit
 
+import numpy as np
 import pytest
 
-from qatlab.bench_dashboard import ROOT, DashboardPage
+from qatlab.bench_dashboard import _JS_TEXT, ROOT, AppServer, DashboardPage
 
 pytestmark = pytest.mark.browser
 
@@ -37,10 +44,53 @@ def _wait_for(fn, timeout: float, what: str, step: float = 0.1):
     return value
 
 
+def _tiny_npz(path, seed: int = 0, n: int = 120, d: int = 6, classes: int = 3):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, n)
+    X = (rng.normal(size=(n, d)) + 2.0 * np.eye(classes, d)[y]).astype(np.float32)
+    np.savez(path, X=X, y=y)
+    return path
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """The served data directory (``QATLAB_DATA_DIR``): one small .npz."""
+    d = tmp_path_factory.mktemp("served-data")
+    _tiny_npz(d / "served.npz", seed=1)
+    return d
+
+
+@pytest.fixture(scope="module")
+def app_server(chromium, data_dir, tmp_path_factory):
+    """``panel serve app/`` with a data directory, an upload directory and the inspector
+    (this module's runs are counted in the server process)."""
+    env = {"QATLAB_DATA_DIR": str(data_dir), "QATLAB_UPLOAD_DIR": str(tmp_path_factory.mktemp("uploads"))}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    server = AppServer(root=ROOT, inspect=True)
+    try:
+        server.start()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="module")
 def dash(chromium, app_server):
     context = chromium.new_context(viewport={"width": 1400, "height": 900})
     page = DashboardPage(context.new_page(), app_server.url)
+    page.console_warnings = []
+    page.page.on("console", lambda m: page.console_warnings.append(f"console.{m.type}: {m.text}")
+                 if m.type == "warning" else None)
     page.open(timeout=90)
     yield page
     context.close()
@@ -175,11 +225,133 @@ def test_render_patch_keeps_streaming_lines_spatial_index_lazy(dash):
     assert out["built"] is True and out["after"] is False, out
 
 
+# ----------------------------------------------------------------------------- the sidebar
+
+INVALID = [("Learning rate", "0"), ("Learning rate", "1e6"), ("Batch size", "100000"), ("Epochs", "1e6"),
+           ("Hidden sizes (list)", "abc"), ("Hidden sizes (list)", "64, 0"), ("Metrics every (steps)", "0")]
+
+
+def field_errors(dash) -> list[str]:
+    """Texts of the visible field errors (``qatlab-field-error``) in the page."""
+    errors = dash.page.locator(".qatlab-field-error")
+    return [" ".join(errors.nth(i).evaluate(_JS_TEXT).split()) for i in range(errors.count())
+            if errors.nth(i).is_visible()]
+
+
+def _start_enabled(dash, enabled: bool) -> bool:
+    return all(dash.button(b).is_enabled() == enabled for b in ("Start", "Compare STE kinds"))
+
+
+def test_invalid_values_show_their_field_error_and_disable_start(dash):
+    for label, text in INVALID:
+        good = dash.page.evaluate("""(t) => { for (const d of Bokeh.documents) for (const m of d.all_models)
+                                       if (m.title === t && 'value' in m) return m.value; return null; }""", label)
+        dash.set_input(label, text)
+        err = _wait_for(lambda: next((e for e in field_errors(dash) if e.startswith(label + ":")), None), 10,
+                        f"the error of {label!r} after typing {text!r}")
+        assert "must be" in err, err
+        _wait_for(lambda: _start_enabled(dash, False), 10, f"Start and Compare disabled after {label}={text!r}")
+        assert "Start is disabled" in dash.text_of(".qatlab-config-error")
+        dash.set_input(label, good)
+        _wait_for(lambda: not field_errors(dash) and _start_enabled(dash, True), 10,
+                  f"Start enabled again after {label}={good!r}")
+
+
+def test_fields_that_do_not_apply_are_hidden(dash):
+    label = dash.page.get_by_label
+    assert not label("Weight bits", exact=True).is_visible() and not label("Momentum", exact=True).is_visible()
+    dash.select("Weights", "fake")
+    _wait_for(lambda: label("Weight bits", exact=True).is_visible(), 10, "Weight bits shown for fake weights")
+    dash.select("Optimizer", "momentum")
+    _wait_for(lambda: label("Momentum", exact=True).is_visible(), 10, "Momentum shown for the momentum optimizer")
+    dash.select("Optimizer", "adam")
+    dash.select("Weights", "ternary")
+    _wait_for(lambda: not label("Weight bits", exact=True).is_visible() and not label("Momentum", exact=True).is_visible(),
+              10, "Weight bits and Momentum hidden again")
+
+
+def _run_ids(app_server) -> set[str]:
+    return set(app_server.runs())
+
+
+def _one_new_run(app_server, before: set[str], timeout: float = 60) -> dict:
+    new = _wait_for(lambda: _run_ids(app_server) - before, 30, "a new run in the server")
+    run_id = next(iter(new))
+    return _wait_for(lambda: (lambda r: r if r["status"] in DONE else None)(app_server.runs([run_id], config=True)[run_id]),
+                     timeout, f"run {run_id} to end")
+
+
+def test_double_click_on_start_makes_one_run(dash, app_server):
+    dash.set_input("Epochs", SHORT_EPOCHS)
+    before = _run_ids(app_server)
+    dash.button("Start").dblclick()
+    run = _one_new_run(app_server, before)
+    assert run["status"] == "finished", run["message"]
+    # the server handles a session's events in order: once an edit typed after the double click has
+    # its answer in the page, the second click has been handled too
+    dash.set_input("Epochs", "x")
+    _wait_for(lambda: any(e.startswith("Epochs:") for e in field_errors(dash)), 10, "the Epochs error")
+    dash.set_input("Epochs", SHORT_EPOCHS)
+    _wait_for(lambda: not field_errors(dash), 10, "no field error")
+    assert len(_run_ids(app_server) - before) == 1
+
+
+def test_uploaded_npz_trains_and_a_bad_file_shows_no_contents(dash, app_server, tmp_path):
+    dash.select("Dataset", "file")
+    _wait_for(lambda: _start_enabled(dash, False), 10, "Start disabled while no file is chosen")
+    files = dash.page.locator("input[type=file]")
+    secret = tmp_path / "passwd.csv"
+    secret.write_text("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n")
+    files.set_input_files(str(secret))
+    err = _wait_for(lambda: next((e for e in field_errors(dash) if e.startswith("Data file:")), None), 15,
+                    "the upload's error")
+    assert "daemon" not in dash.body_text() and "/bin/bash" not in dash.body_text(), err
+    assert _start_enabled(dash, False)
+
+    files.set_input_files(str(_tiny_npz(tmp_path / "tiny.npz")))
+    _wait_for(lambda: "Using upload tiny.npz" in dash.text_of(".qatlab-data-file"), 15, "the upload in use")
+    _wait_for(lambda: _start_enabled(dash, True) and not field_errors(dash), 10, "Start enabled with the upload")
+    assert str(tmp_path) not in dash.body_text()
+    dash.set_input("Epochs", 3)
+    before = _run_ids(app_server)
+    dash.click("Start")
+    run = _one_new_run(app_server, before)
+    assert run["status"] == "finished", run["message"]
+    data = run["config"]["data"]
+    assert data["dataset"] == "file" and os.path.basename(data["path"]) == "tiny.npz"
+    assert run["steps_done"] > 0
+
+
+def test_a_file_of_the_servers_data_directory_trains(dash, app_server):
+    dash.select("Server data directory", "served.npz")
+    _wait_for(lambda: "Using server file served.npz" in dash.text_of(".qatlab-data-file"), 15, "the server file in use")
+    _wait_for(lambda: _start_enabled(dash, True), 10, "Start enabled")
+    before = _run_ids(app_server)
+    dash.click("Start")
+    run = _one_new_run(app_server, before)
+    assert run["status"] == "finished", run["message"]
+    assert run["config"]["data"]["path"].endswith("served.npz")
+    dash.select("Dataset", "digits")
+    _wait_for(lambda: _start_enabled(dash, True), 10, "Start enabled for digits")
+
+
 def test_page_stayed_clean_and_local(dash, app_server):
     assert dash.console_errors == [], "\n".join(dash.console_errors)
+    assert dash.console_warnings == [], "\n".join(dash.console_warnings)
     assert "Traceback" not in dash.body_text()
     server = urlsplit(app_server.url).netloc
     assert dash.requests, "no request recorded"
     foreign = sorted({u for u in dash.requests + dash.websockets
                       if urlsplit(u).scheme in ("http", "https", "ws", "wss") and urlsplit(u).netloc != server})
     assert not foreign, f"requests to hosts other than {server}: {foreign}"
+
+
+LOG_PROBLEM = re.compile(r"Traceback|\bERROR\b")
+
+
+def test_server_log_has_no_traceback_or_error(app_server):
+    """Every line the served app logged during this module's browser session."""
+    lines = app_server.log_path.read_text(errors="replace").splitlines()
+    bad = [i for i, line in enumerate(lines) if LOG_PROBLEM.search(line)]
+    context = "\n---\n".join("\n".join(lines[max(0, i - 2): i + 12]) for i in bad[:3])
+    assert not bad, f"{len(bad)} Traceback/ERROR lines in {app_server.log_path}:\n{context}"
