@@ -478,6 +478,11 @@ def test_npz_image_arrays_keep_their_shape(tmp_path):
     assert np.array_equal(ds.X_train.reshape(-1, 2, 5, 6), X)
     gray = data.load_arrays(_npz(tmp_path, X=X[:, 0], y=y))
     assert gray.image_shape == (1, 5, 6) and gray.n_features == 30
+    pixels = (X[:, 0] * 255).astype(np.uint8)
+    scaled = data.load_arrays(_npz(tmp_path, X=pixels, y=y, X_test=pixels[:3], y_test=y[:3]))
+    np.testing.assert_array_equal(scaled.X_test, pixels[:3].reshape(3, 30).astype(np.float32) / np.float32(255))
+    table = data.load_arrays(_npz(tmp_path, X=pixels.reshape(20, 30), y=y))  # a 2-D uint8 table keeps its values
+    assert table.X_train.max() == pixels.max() and table.image_shape is None
     with pytest.raises(ValueError, match=r"X_test: has shape \(30,\) per sample but X has \(5, 6\)"):
         data.load_arrays(_npz(tmp_path, X=X[:, 0], y=y, X_test=X[:, 0].reshape(20, 30), y_test=y))
     with pytest.raises(ValueError, match=r"X: must be 2-D \(n_samples, n_features\), 3-D \(n, H, W\) or 4-D"):

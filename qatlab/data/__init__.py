@@ -9,7 +9,8 @@ samples, ``d`` features):
   ``n_classes`` is 0;
 - images: each row of ``X`` is one image flattened channel-major, and
   ``Dataset.image_shape`` is its ``(C, H, W)`` (one-dimensional signals are
-  height-1 images); pixel images are scaled to [0, 1].
+  height-1 images); pixel images (uint8 sources) are scaled to [0, 1], while
+  mnist1d keeps the standardised values its package makes.
 
 Sets without a fixed split are split by ``test_fraction``/``seed``:
 ``perm = np.random.default_rng(seed).permutation(n)``; the first

@@ -185,6 +185,8 @@ def _as_features(name: str, X: np.ndarray) -> tuple[np.ndarray, tuple[int, int, 
     image = None
     if X.ndim > 2:
         image = tuple(int(s) for s in ((1, *X.shape[1:]) if X.ndim == 3 else X.shape[1:]))
+    if image is not None and X.dtype == np.uint8:  # uint8 images are pixels 0..255, as in IDX files
+        return pixels_to_unit(X, 255.0), image
     out = np.ascontiguousarray(X.reshape(len(X), -1), dtype=np.float32)
     _check_finite(name, out)
     return out, image
@@ -267,7 +269,8 @@ def load_arrays(path: str | os.PathLike, test_fraction: float = 0.2, seed: int =
     targets); optional ``X_test``/``y_test`` (both or neither) give a fixed test
     set, in which case ``test_fraction`` and ``seed`` are unused. Other keys are
     ignored. 3-D/4-D ``X`` is flattened channel-major and its ``(C, H, W)`` kept as
-    ``Dataset.image_shape``; values are kept as stored (cast to float32).
+    ``Dataset.image_shape``; such ``uint8`` images are pixels and divided by 255 to
+    [0, 1]; any other values are kept as stored (cast to float32).
 
     ``.csv``: comma-separated numbers, one sample per row, the label (or the
     single regression target) in the last column. A first row that is not all
