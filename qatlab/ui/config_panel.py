@@ -10,7 +10,8 @@ A press of either runs its handler once: presses that arrive while it runs or wi
 :data:`DEBOUNCE_S` after it (a double click) are dropped.
 
 Fields are built from each sub-config's Params in declaration order (new Params show up by
-themselves) and shown only when they apply: :data:`SHOWN_WHEN`, phase fields only with phase
+themselves) and shown only when they apply (a field hidden while it holds an invalid text shows
+the config's value again): :data:`SHOWN_WHEN`, phase fields only with phase
 training on, and any Param whose doc starts ``<value> only:`` (e.g. ``Synthetic only:``, ``cnn
 only:``) only while a Selector of its config has that value. Data files come by upload or from the
 server's data directory (:mod:`qatlab.ui.data_source`); a typed server path is never taken.
@@ -167,6 +168,7 @@ class ConfigPanel(pn.viewable.Viewer):
         """After any edit: find what is invalid, show it, enable or disable Start / Compare, show the fields that apply."""
         if self._building:
             return
+        self._apply_rules()
         own = [p.error for p in self._parts() if p.error]
         rule = None
         if not own:
@@ -183,7 +185,6 @@ class ConfigPanel(pn.viewable.Viewer):
             self.error.object = "**Start is disabled until this is fixed:**\n\n" + "\n".join(
                 f"- {_md(p)}" for p in self.problems)
         self.error.visible = bool(self.problems)
-        self._apply_rules()
 
     def _part_named(self, message: str):
         """The field a rule's message names (``ModelConfig.hidden[0]: ...``, ``phase.gradient_accumulation: ...``)."""
@@ -197,7 +198,10 @@ class ConfigPanel(pn.viewable.Viewer):
 
     def _apply_rules(self) -> None:
         for path, rule in self.rules.items():
-            self.fields[path].view.visible = bool(rule(self.config))
+            field = self.fields[path]
+            field.view.visible = bool(rule(self.config))
+            if not field.view.visible and field.error:
+                field.revert()
         dataset = self.config.data.dataset
         self.file_chooser.view.visible = dataset == "file"
         self.dataset_card.object = card_markdown(qdata.DATASET_CARDS.get(dataset))

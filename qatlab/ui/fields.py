@@ -216,6 +216,14 @@ class Field(Checked):
         if self.on_change is not None:
             self.on_change(self)
 
+    def revert(self) -> None:
+        """Show the config's value again, dropping what was typed and its error (a field that no
+        longer applies: its value is not used, and a hidden error could not be fixed)."""
+        if self.typed:
+            text = self._last_text = as_text(self.p, getattr(self.obj, self.name))
+            self.widget.param.update(value=text, value_input=text)
+        self._set_error(None)
+
     def _on_config(self, event) -> None:
         """The config changed from elsewhere (Python, a test): show its value, drop a stale error."""
         if self._assigning:

@@ -70,9 +70,14 @@ def _bad_texts(field: Field) -> list[str]:
 
 def test_every_field_refuses_what_its_config_cannot_hold():
     """Every numeric / list field of every config the sidebar shows (new Params included)."""
-    panel = ConfigPanel()
+    cfg = ql.ExperimentConfig()     # every field applies (fake weights and activations, momentum, phases, synthetic)
+    cfg.quant.weights, cfg.quant.activations, cfg.optim.optimizer = "fake", "fake", "momentum"
+    cfg.phase.enabled, cfg.data.dataset = True, "synthetic"
+    panel = ConfigPanel(cfg)
     checked = 0
     for key, field in panel.fields.items():
+        if not field.view.visible:      # e.g. a field of another architecture
+            continue
         before = field.obj.to_dict() if hasattr(field.obj, "to_dict") else None
         good = field.widget.value
         for text in _bad_texts(field):
@@ -154,6 +159,17 @@ def test_only_fields_that_apply_are_shown():
     assert not panel.file_chooser.view.visible
     cfg.data.dataset = "file"
     assert panel.file_chooser.view.visible and not synthetic_only & shown(panel)
+
+
+def test_a_field_hidden_while_invalid_shows_the_configs_value_again():
+    panel = ConfigPanel()
+    panel.config.optim.optimizer = "momentum"
+    typed(panel, "optim.momentum", "2")
+    assert panel.start_button.disabled
+    panel.fields["optim.optimizer"].widget.value = "adam"
+    field = panel.fields["optim.momentum"]
+    assert not field.view.visible and field.error is None and field.widget.value == "0.9"
+    assert not panel.start_button.disabled and panel.config.optim.momentum == 0.9
 
 
 def test_doc_rule_is_generic():
