@@ -311,3 +311,26 @@ def test_quality_cnn_quick_structure(monkeypatch, tmp_path):
     assert [g["passed"] for g in goals] == [a >= f for a, f in zip(accs, floors)]   # from the numbers
     _check_goals(payload)
     assert payload["extra"]["parts"] == ["cnn"] and payload["extra"]["cnn"]["seeds"] == [0]
+
+
+def test_torch_cnn_twin_matches_qatlab(torch):
+    from qatlab import bench_torch_ref as ref
+    from qatlab.data import Dataset
+    from qatlab.nn.cnn import Cnn
+
+    model = Cnn((1, 12, 12), [3, 4], 5, hidden=[6], kernel_size=3, pool=2, seed=1)
+    params = [(model.weights(i), model.biases(i)) for i in range(model.num_layers)]
+    twin = ref.TorchCnn((1, 12, 12), (3, 4), 3, 2, (6,), 5, params=params)
+    x = np.random.default_rng(0).random((7, 1, 12, 12), dtype=np.float32)
+    with torch.no_grad():
+        want = twin(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(model.forward(x, model.scratch(7)), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="params"):
+        ref.TorchCnn((1, 12, 12), (3,), 3, 2, (), 5, params=params)
+
+    rng = np.random.default_rng(1)
+    X, y = rng.random((90, 144), dtype=np.float32), rng.integers(0, 5, 90).astype(np.int64)
+    ds = Dataset(X[:70], y[:70], X[70:], y[70:], 5, "classification", "tiny", image_shape=(1, 12, 12))
+    for quant, pc in (("float", False), ("fake", True), ("ternary", False)):
+        r = ref.train_cnn(ds, (1, 12, 12), (3,), 3, 2, (), quant, 4, pc, epochs=2, batch_size=32)
+        assert r["status"] == "finished" and r["steps"] == 2 * 3 and 0.0 <= r["test_accuracy"] <= 1.0
