@@ -416,6 +416,7 @@ class CnnGradients(Gradients):
         self._dz = [np.empty(g.c_out * B * g.p, np.float32) for g, _, _ in m._plan]
         self._dcols = [np.empty(g.ck * B * g.p, np.float32) for g, _, _ in m._plan]
         self._dense = [np.empty((B, n), np.float32) for n in m.dense_sizes[1:]]
+        self._delta = self._dense            # (Gradients' name; the last one is d_output)
         self._d_input = np.empty((B, m.n_features), np.float32)
         self._cap = B
         self._cache = {}
