@@ -149,7 +149,10 @@ def _cnn_layers(model):
 
 
 def export_model(model, path) -> str:
-    """Write ``model`` (Mlp or Cnn) to ``path`` (``.npz`` added if missing); returns the path."""
+    """Write ``model`` (Mlp or Cnn) to ``path`` (``.npz`` added if missing); returns the path.
+
+    Each weight quantizer runs its forward once on the current latent weights (as a model forward
+    does: an observing quantizer takes its scale from them), and the integers are taken from that."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}")
     from .cnn import Cnn
