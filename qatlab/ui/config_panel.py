@@ -60,7 +60,15 @@ def _act(c):
     return c.quant.activations != "off"
 
 
+FIXED_SPLIT = {"mnist1d", "fashion_mnist"}     # published train/test splits: no test_fraction, no split seed
+
+
+def _split(c):
+    return c.data.dataset not in FIXED_SPLIT
+
+
 SHOWN_WHEN = {
+    "data.test_fraction": _split, "data.seed": _split,
     "quant.weight_bits": _fake, "quant.symmetric": _fake, "quant.per_channel": _fake, "quant.scale_mode": _fake,
     "quant.ste": lambda c: c.quant.weights != "float",
     "quant.activation_bits": _act, "quant.activation_ste": _act,

@@ -68,17 +68,25 @@ def _bad_texts(field: Field) -> list[str]:
     return out
 
 
-def test_every_field_refuses_what_its_config_cannot_hold():
-    """Every numeric / list field of every config the sidebar shows (new Params included)."""
-    cfg = ql.ExperimentConfig()     # every field applies (fake weights and activations, momentum, phases, synthetic)
+def _all_fields_config(architecture: str) -> ql.ExperimentConfig:
+    """Fake weights and activations, momentum, synthetic data; phases with the mlp (not the cnn)."""
+    cfg = ql.ExperimentConfig()
     cfg.quant.weights, cfg.quant.activations, cfg.optim.optimizer = "fake", "fake", "momentum"
-    cfg.phase.enabled, cfg.data.dataset = True, "synthetic"
-    panel = ConfigPanel(cfg)
+    cfg.data.dataset, cfg.model.architecture = "synthetic", architecture
+    cfg.phase.enabled = architecture == "mlp"
+    return cfg
+
+
+@pytest.mark.parametrize("architecture", ["mlp", "cnn"])
+def test_every_field_refuses_what_its_config_cannot_hold(architecture):
+    """Every numeric / list field of every config the sidebar shows (new Params included)."""
+    panel = ConfigPanel(_all_fields_config(architecture))
+    assert not panel.problems
     checked = 0
     for key, field in panel.fields.items():
-        if not field.view.visible:      # e.g. a field of another architecture
+        if not field.view.visible:      # e.g. a field of the other architecture
             continue
-        before = field.obj.to_dict() if hasattr(field.obj, "to_dict") else None
+        before = field.obj.to_dict()
         good = field.widget.value
         for text in _bad_texts(field):
             typed(panel, key, text)
@@ -92,7 +100,8 @@ def test_every_field_refuses_what_its_config_cannot_hold():
         typed(panel, key, good)
         assert field.error is None and not field.message.visible, key
         assert not panel.start_button.disabled and not panel.problems, (key, panel.problems)
-    assert checked >= 60 and {"optim.lr", "optim.batch_size", "optim.epochs", "model.hidden"} <= set(panel.fields)
+    assert checked >= 50 and {"optim.lr", "optim.batch_size", "optim.epochs", "model.hidden"} <= set(panel.fields)
+    assert panel.fields["model.kernel_size"].view.visible == (architecture == "cnn")
 
 
 @pytest.mark.parametrize("key, text, expect", [
@@ -159,6 +168,13 @@ def test_only_fields_that_apply_are_shown():
     assert not panel.file_chooser.view.visible
     cfg.data.dataset = "file"
     assert panel.file_chooser.view.visible and not synthetic_only & shown(panel)
+    cnn_only = {"model.conv_channels", "model.kernel_size", "model.pool"}
+    assert not cnn_only & shown(panel) and "model.hidden" in shown(panel)
+    cfg.model.architecture = "cnn"
+    assert cnn_only <= shown(panel)
+    assert {"data.test_fraction", "data.seed"} <= shown(panel)
+    cfg.data.dataset = "mnist1d"       # a fixed split
+    assert not {"data.test_fraction", "data.seed"} & shown(panel)
 
 
 def test_a_field_hidden_while_invalid_shows_the_configs_value_again():
