@@ -15,7 +15,8 @@ Measured side by side in one run (:func:`~qatlab.benchkit.measure_many` interlea
   and both gradients): what any im2col + BLAS implementation has to spend.
 
 Goals: qatlab >= 1.5x faster than torch eager; qatlab within 2x of the floor; fake-quantized and
-ternary steps <= 1.2x the float step.
+ternary steps <= 1.2x the float step (medians). A second table splits each qatlab step into forward,
+loss + backward and Adam. ``--sizes N`` sets the batch (default 64).
 """
 from __future__ import annotations
 
