@@ -9,7 +9,10 @@ batches of their loss and of their predictions' accuracy, each taken in the batc
 before its update, as Keras reports them (with phase training, over the steps that ran a
 forward pass; with gradient accumulation, the accuracy of each step's last micro-batch). Taken
 in passing they cost nothing, where evaluating the whole train split after every epoch took a
-quarter of a digits run. A non-finite loss ends the run with status ``diverged``.
+quarter of a digits run. A non-finite loss (each step), LSQ scale (each step), gradient norm or
+parameter (each metrics row, and after each block run) ends the run with status ``diverged``
+and a message naming it and the step it was seen at; the memory the run needs is checked against
+a budget (:func:`qatlab.resources.check_memory`) once the data is loaded, before the model exists.
 
 A model that :class:`~qatlab.fused.FusedStep` covers (small, ternary or float weights, no LSQ
 scales) makes its full batches in runs that end at the next metrics row: each run is one
