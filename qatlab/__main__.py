@@ -83,7 +83,7 @@ class _Progress:
 
     def __init__(self, stream=None):
         self.stream = stream if stream is not None else sys.stderr
-        self.tty = stream.isatty()
+        self.tty = self.stream.isatty()
         self.t0 = time.perf_counter()
         self.last = -math.inf
 
