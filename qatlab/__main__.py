@@ -129,7 +129,7 @@ def cmd_run(args) -> int:
     name = args.name or os.path.splitext(os.path.basename(args.config))[0]
     run_id = store.create_run(cfg, name=name, notes=args.notes)
     print(f"run {run_id} ({name}) -> {store.path}", file=sys.stderr)
-    log, stop, state, unsent = _tap_log(), threading.Event(), {"done": 0, "total": 0}, []
+    log, stop, ended, state, unsent = _tap_log(), threading.Event(), threading.Event(), {"done": 0, "total": 0}, []
 
     def report(done: int, total: int) -> bool:
         state["done"], state["total"] = done, total
@@ -141,14 +141,16 @@ def cmd_run(args) -> int:
             state["result"] = train_experiment(cfg, log, report=report)
         except BaseException:           # reported as a failed run by the main thread
             state["error"] = traceback.format_exc()
+        finally:
+            ended.set()
 
     store.set_status(run_id, "running")
     thread = threading.Thread(target=train, name=f"qatlab-{run_id[:8]}", daemon=True)
     progress, last_flush, last_beat = _Progress(), time.monotonic(), time.monotonic()
     thread.start()
-    while thread.is_alive():
+    while not ended.is_set():           # (a Ctrl-C inside Thread.join can make is_alive() lie: an Event)
         try:
-            thread.join(0.1)
+            ended.wait(0.1)
             now = time.monotonic()
             if (log.pending or unsent) and now - last_flush >= FLUSH_SECONDS:
                 _flush(store, run_id, log, unsent)
