@@ -26,6 +26,8 @@ from .dense import LEAKY_RELU, LEAKY_SLOPE, RELU, SIGMOID, SIGN, TANH
 
 _ZERO = np.float32(0.0)
 _ONE = np.float32(1.0)
+# Reassociation lets the bias-gradient sums vectorise; no 'nnan'/'ninf': NaN and inf keep their meaning.
+_RED = {"nsz", "contract", "reassoc"}
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -143,10 +145,11 @@ def cols_to_nchw(z, bias, act, y):
                     y[b, o, p] = z[o, q + p] + bo
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_RED)
 def nchw_to_cols(dy, y, act, dz, db):
-    """dz[o, b*P + p] = dy[b, o, p] * act'(y[b, o, p]) and db[o] = sum over b, p of it (in b, p
-    order); dy, y (B, Cout, P) (y the activation output), dz (Cout, B*P), db (Cout,)."""
+    """dz[o, b*P + p] = dy[b, o, p] * act'(y[b, o, p]) and db[o] = sum over b, p of it (per image
+    a vectorised sum, whose order depends on P only); dy, y (B, Cout, P) (y the activation output),
+    dz (Cout, B*P), db (Cout,)."""
     B, Co, P = dy.shape
     for o in range(Co):
         acc = _ZERO
@@ -175,29 +178,79 @@ def nchw_to_cols(dy, y, act, dz, db):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _window_scan(xf, xo, corner, kh, kw, W):
+    """(max, flat index) of one window holding a NaN or an infinity: the first maximum, a NaN wins."""
+    at = corner
+    best = xf[_U(xo + corner)]
+    for i in range(kh):
+        for j in range(kw):
+            k = corner + i * W + j
+            v = xf[_U(xo + k)]
+            if best == best and not v <= best:
+                best = v
+                at = k
+    return best, at
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _pool_by_2(xf, kh, H, W, yf, jf, planes, OH, OW):
+    """:func:`maxpool_forward` of 2x2 (kh = 2) or 1x2 (kh = 1) windows at their own stride, unrolled:
+    the pools of the Cnn. The first maximum's offset is chosen by integer arithmetic."""
+    down = W if kh == 2 else 0             # 1x2: the "second row" is the first again, never chosen
+    for plane in range(planes):
+        xo = plane * H * W
+        yo = plane * OH * OW
+        for oh in range(OH):
+            for ow in range(OW):
+                k = kh * oh * W + 2 * ow
+                a = xf[_U(xo + k)]
+                b = xf[_U(xo + k + 1)]
+                c = xf[_U(xo + k + down)]
+                d = xf[_U(xo + k + down + 1)]
+                if (a + b + c + d) * _ZERO != _ZERO:       # a NaN or an infinity in the window
+                    m, at = _window_scan(xf, xo, k, kh, 2, W)
+                else:
+                    m = max(max(a, b), max(c, d))
+                    ia, ib, ic = np.int64(a == m), np.int64(b == m), np.int64(c == m)
+                    at = k + (1 - ia) * (ib + (1 - ib) * (ic * down + (1 - ic) * (down + 1)))
+                yf[_U(yo + oh * OW + ow)] = m
+                jf[_U(yo + oh * OW + ow)] = at
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def maxpool_forward(x, kh, kw, sh, sw, y, idx):
     """y[b, c, oh, ow] = max of the kh x kw window of x (B, C, H, W) at (oh*sh, ow*sw); idx (int32,
     shape of y) gets the flat index ih*W + iw of the first maximum (a NaN wins and stays).
-    x, y, idx C-contiguous."""
+    x, y, idx C-contiguous. Branch-free for finite windows (the max, then the first index equal to it
+    by integer arithmetic, last to first): data-dependent branches made it 10x slower."""
     B, C, OH, OW = y.shape
     H, W = x.shape[2], x.shape[3]
     xf, yf, jf = x.reshape(-1), y.reshape(-1), idx.reshape(-1)
+    if kw == 2 and sw == 2 and sh == kh and kh <= 2:
+        _pool_by_2(xf, kh, H, W, yf, jf, B * C, OH, OW)
+        return
     for plane in range(B * C):
         xo = plane * H * W
         yo = plane * OH * OW
         for oh in range(OH):
             for ow in range(OW):
                 corner = oh * sh * W + ow * sw
-                at = corner
-                best = xf[_U(xo + at)]
+                m = xf[_U(xo + corner)]
+                bad = _ZERO
                 for i in range(kh):
                     for j in range(kw):
-                        k = corner + i * W + j
-                        v = xf[_U(xo + k)]
-                        if best == best and not v <= best:
-                            best = v
-                            at = k
-                yf[_U(yo + oh * OW + ow)] = best
+                        v = xf[_U(xo + corner + i * W + j)]
+                        m = max(m, v)
+                        bad += v * _ZERO               # NaN when the window holds a NaN or an inf
+                if bad != bad:
+                    m, at = _window_scan(xf, xo, corner, kh, kw, W)
+                else:
+                    at = corner
+                    for i in range(kh - 1, -1, -1):
+                        for j in range(kw - 1, -1, -1):
+                            k = corner + i * W + j
+                            at += (k - at) * np.int64(xf[_U(xo + k)] == m)
+                yf[_U(yo + oh * OW + ow)] = m
                 jf[_U(yo + oh * OW + ow)] = at
 
 
