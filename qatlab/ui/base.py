@@ -139,7 +139,8 @@ class LiveView(pn.viewable.Viewer):
         figures = list(getattr(self, "figures", {}).values())
         if self._fitter is None or list(map(id, self._fitter.figures)) != list(map(id, figures)):
             self._fitter = RangeFitter(figures)
-        self._fitter.update()
+        runs = self.shown_runs()
+        self._fitter.update(final=bool(runs) and all(r.done for r in runs))   # ended: x ends at the data
 
     def refresh(self, force: bool = False) -> None:
         """Update the non-streamed parts (status text, tables, histograms). Cheap when nothing changed;
@@ -339,6 +340,48 @@ def page_disconnected() -> bool:
     ctx = getattr(pn.state.curdoc, "session_context", None)
     session = getattr(ctx, "_session", None)   # bokeh ServerSession (None in notebooks)
     return session is not None and session.connection_count == 0
+
+
+PAGE_GONE_SECONDS = 0.3   # a page without a connection this long has closed (reconnects are off)
+
+
+class PageWatch:
+    """Tells when the page of a server session has closed: it had a browser connection and has
+    had none for ``grace`` seconds (or the session is gone). Bokeh destroys such a session only
+    15-30 s later; the Dashboard asks on every tick and stops its runs at once. A session whose
+    page never connected is not "gone" here (Bokeh expires it). Outside a server: never gone.
+
+    Args:
+        doc: the session's Document (``pn.state.curdoc`` when the Dashboard is built).
+    """
+
+    def __init__(self, doc, grace: float = PAGE_GONE_SECONDS):
+        self.grace = grace
+        ctx = getattr(doc, "session_context", None) if doc is not None else None
+        self._ctx = weakref.ref(ctx) if ctx is not None else None
+        self.connected_once = False
+
+    def _session(self):
+        ctx = self._ctx() if self._ctx is not None else None
+        return getattr(ctx, "_session", None)   # bokeh ServerSession
+
+    def gone(self) -> bool:
+        if self._ctx is None:
+            return False
+        session = self._session()
+        if session is None or session.destroyed:
+            return self.connected_once
+        if session.connection_count > 0:
+            self.connected_once = True
+            return False
+        return self.connected_once and session.milliseconds_since_last_unsubscribe >= 1000 * self.grace
+
+    def expire(self) -> None:
+        """Ask Bokeh to discard the session at its next unused-session check (not after the
+        unused-session lifetime); only while no page is connected."""
+        session = self._session()
+        if session is not None and not session.destroyed and session.connection_count == 0:
+            session.request_expiration()
 
 
 def in_server_session() -> bool:

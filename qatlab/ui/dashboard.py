@@ -16,12 +16,15 @@ Streaming: one ``pn.state.add_periodic_callback(..., period=100)`` per session c
 progress updates, and only the *visible* tab refreshes its tables/histograms. Ticks are
 skipped while the session's page has no connection (closed or reloaded, not yet destroyed).
 
-Cleanup: in a server session the dashboard registers ``pn.state.on_session_destroyed``;
-when the session goes, the periodic callback stops, and every run this session owns
-that is not ``keep_alive`` is stopped and joined (on a small reaper thread, so the
-server's event loop never blocks). ``close(join_timeout=...)`` does the same by hand
-(notebooks, tests). Runs themselves belong to the process (``qatlab.runs.all_runs()``),
-so a keep-alive run stays listed in the Runs tab of later sessions.
+Cleanup: when the session's page closes (each tick asks :class:`~qatlab.ui.base.PageWatch`:
+no connection for 0.3 s after having one) or the session is destroyed
+(``pn.state.on_session_destroyed``), the periodic callback stops, and every run this session
+owns that is not ``keep_alive`` is stopped at once, then joined and released (model dropped,
+history kept) on a small reaper thread, so the server's event loop never blocks; a comparison
+whose page closed before its figures were drawn never starts. ``close(join_timeout=...)`` does
+the same by hand (notebooks, tests). Runs themselves belong to the process
+(``qatlab.runs.all_runs()``), so a keep-alive run stays listed in the Runs tab of later sessions;
+the Runs tab lets a page change only its own runs while they are active.
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ import param
 from ..runs import Run, all_runs, start_ste_comparison
 from ..train.experiment import training_paused
 from . import render_patch
-from .base import PERIOD_MS, PlotOptions, periodic_callback, streaming_tick
+from .base import PERIOD_MS, PageWatch, PlotOptions, periodic_callback, streaming_tick
 from .config_panel import ConfigPanel
 from .drawn import when_drawn
 from .phase_view import PhaseView
@@ -56,6 +59,13 @@ _groups = itertools.count(1)
 
 #: Live dashboards of this process (weak): lets tests and benchmarks find a session's dashboard.
 DASHBOARDS: "weakref.WeakSet[Dashboard]" = weakref.WeakSet()
+
+
+def _join_and_release(runs: list[Run], timeout: float) -> None:
+    """Join runs a closing page stopped and drop their models (nobody can show them any more)."""
+    for run in runs:
+        if run.join(timeout) and run.done:
+            run.release()
 
 
 def _session_id() -> str | None:
@@ -93,7 +103,7 @@ class Dashboard(pn.viewable.Viewer):
         self.ste = SteCompareView(**shared)
         self.quant = QuantView(**shared)
         self.phases = PhaseView(**shared)
-        self.runs = RunsTable(on_show=self.show, **shared)
+        self.runs = RunsTable(on_show=self.show, owner=self.owner, **shared)
         self.views = [self.overview, self.ste, self.quant, self.phases, self.runs]
         self.tabs = pn.Tabs(*zip(TAB_NAMES, self.views), dynamic=True, sizing_mode="stretch_width",
                             name="qatlab-tabs")
@@ -106,6 +116,7 @@ class Dashboard(pn.viewable.Viewer):
         self._root = None
         self._period = period
         self.closed = False
+        self.page = PageWatch(pn.state.curdoc if session is not None else None)
         self.reaper: threading.Thread | None = None
         self.param.watch(self._on_current, "current")
         self.param.watch(lambda e: setattr(self.ste, "runs", e.new), "comparison")
@@ -149,13 +160,19 @@ class Dashboard(pn.viewable.Viewer):
             self.tabs.active = 1
             self.comparison = runs      # builds the figures (in a server session: in pieces, later)
             self.status.runs = list(runs.values())
-            keep_alive = self.config_panel.keep_alive.value
+            for run in runs.values():
+                run.keep_alive = self.config_panel.keep_alive.value
 
-            def start():                # the runs start once the page has drawn their figures
-                for run in runs.values():
-                    run.keep_alive = keep_alive
-                    run.start()
-                self.refresh(force=True)      # statuses "running" now, not after the next throttle period
+            def start():                # the runs start once the page has drawn their figures ...
+                if not self.closed and self.page.gone():
+                    self._close_and_reap()
+                for run in runs.values():  # ... unless it closed before (keep-alive runs start anyway)
+                    if self.closed and not run.keep_alive:
+                        run.stop()
+                    else:
+                        run.start()
+                if not self.closed:
+                    self.refresh(force=True)  # statuses "running" now, not after the next throttle period
             self.status.refresh(force=True)
             self.ste.when_built(lambda: when_drawn(self.ste.figures.get("loss"), start))
             return runs
@@ -223,6 +240,9 @@ class Dashboard(pn.viewable.Viewer):
         self.views[self.tabs.active].refresh(force)
 
     def _safe_pull(self) -> None:
+        if not self.closed and self.page.gone():   # page closed: stop its runs now, not when Bokeh
+            self._close_and_reap()                 # destroys the session 15-30 s later
+            self.page.expire()
         if not self.closed:
             streaming_tick(self.pull, self._root)
 
@@ -239,10 +259,13 @@ class Dashboard(pn.viewable.Viewer):
 
     # ------------------------------------------------------------ cleanup
     def close(self, join_timeout: float | None = JOIN_TIMEOUT) -> list[Run]:
-        """Stop streaming and stop owned runs that are not keep-alive; join them when ``join_timeout`` is given.
+        """Stop streaming and stop owned runs that are not keep-alive; with ``join_timeout``, join
+        them and release their models (:meth:`~qatlab.runs.Run.release`; their history stays).
 
-        Returns the runs that were asked to stop. Idempotent.
+        Returns the runs that were asked to stop. Idempotent: a second call returns [].
         """
+        if self.closed:
+            return []
         self.closed = True
         if self._periodic is not None:
             try:
@@ -254,19 +277,20 @@ class Dashboard(pn.viewable.Viewer):
         for run in stopping:
             run.stop()
         if join_timeout is not None:
-            for run in stopping:
-                run.join(join_timeout)
+            _join_and_release(stopping, join_timeout)
         return stopping
 
-    def _on_session_destroyed(self, session_context) -> None:
-        """Session gone: stop streaming and owned runs now, join them on a reaper thread."""
+    def _close_and_reap(self) -> None:
+        """Page closed or session destroyed: stop streaming and owned runs now, join and release
+        them on a reaper thread (the server's event loop never waits for a run)."""
         stopping = self.close(join_timeout=None)
         if stopping:
-            def reap():
-                for run in stopping:
-                    run.join(JOIN_TIMEOUT)
-            self.reaper = threading.Thread(target=reap, name=f"qatlab-reaper-{self.owner[:8]}", daemon=True)
+            self.reaper = threading.Thread(target=_join_and_release, args=(stopping, JOIN_TIMEOUT),
+                                           name=f"qatlab-reaper-{self.owner[:8]}", daemon=True)
             self.reaper.start()
+
+    def _on_session_destroyed(self, session_context) -> None:
+        self._close_and_reap()
 
     def __panel__(self):
         if self._period and not self.closed:

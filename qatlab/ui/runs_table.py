@@ -7,8 +7,16 @@
   ``fig-runs-accuracy`` (``runs-accuracy-<run id>``).
 - Buttons: ``Download CSV`` (metrics of the selected runs, or of all runs when none is
   selected; columns ``run_id``, ``name`` then every log column), ``Download configs (JSON)``
-  (``{run id: {name, status, config}}``), ``Show in overview`` (first selected run), and
-  ``Stop selected``.
+  (``{run id: {name, status, config}}``), ``Show in overview`` (first selected run),
+  ``Stop selected``, ``Rename`` (the one selected run, to the text in ``New name``) and
+  ``Delete selected``.
+
+Ownership (:meth:`qatlab.runs.Run.may_change`): a page stops, renames or deletes the runs it
+started; runs of other pages, notebooks and the command line are read-only while they are
+active (the column ``started by`` says whose a run is; the buttons are disabled for them, and a
+press that gets through anyway is refused with a message in the alert ``qatlab-runs-message``).
+Ended runs may be renamed or deleted from any page. Every delete, and a rename of a run another
+page started, waits for ``Confirm`` (``Cancel`` drops it); the check is made again on confirm.
 """
 from __future__ import annotations
 
@@ -21,17 +29,24 @@ import time
 import pandas as pd
 import panel as pn
 
-from ..runs import Run, all_runs
+from ..runs import NAME_LIMIT, Run, all_runs, checked_name, delete_run
 from . import figures as F
 from .base import LiveView, bokeh_pane
 
 TABLE_PERIOD = 1.0  # seconds between table refreshes
 
 
-def runs_frame(runs: list[Run]) -> pd.DataFrame:
-    """One ``Run.summary()`` row per run."""
-    rows = [r.summary() for r in runs]
-    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=["id", "name", "status", "progress"])
+def started_by(run: Run, owner) -> str:
+    """Who started ``run``, as the page of ``owner`` sees it (never another session's id)."""
+    if owner is not None and run.owner == owner:
+        return "this page"
+    return "another page" if run.owner is not None else "notebook / CLI"
+
+
+def runs_frame(runs: list[Run], owner=None) -> pd.DataFrame:
+    """One ``Run.summary()`` row per run, plus ``started by`` (:func:`started_by`)."""
+    rows = [{**r.summary(), "started by": started_by(r, owner)} for r in runs]
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=["id", "name", "status", "progress", "started by"])
 
 
 def runs_csv(runs: list[Run]) -> str:
@@ -73,11 +88,14 @@ class RunsTable(LiveView):
 
     Args:
         on_show: called with a Run when ``Show in overview`` is pressed.
+        owner: the page's owner id (its runs are the ones it may change while they run).
     """
 
-    def __init__(self, hub=None, options=None, on_show=None, lazy: bool = False, **params):
+    def __init__(self, hub=None, options=None, on_show=None, lazy: bool = False, owner=None, **params):
         super().__init__(hub, options, lazy, **params)
         self.on_show = on_show
+        self.owner = owner
+        self._pending = None   # (runs, action) waiting for Confirm
         self.figures: dict = {}
         self.table = pn.widgets.Tabulator(runs_frame([]), css_classes=["qatlab-runs-table"], selectable="checkbox",
                                           disabled=True, show_index=False, sizing_mode="stretch_width", height=260,
@@ -88,22 +106,45 @@ class RunsTable(LiveView):
                                                      label="Download configs (JSON)",
                                                      embed=False)
         self.show_button = pn.widgets.Button(label="Show in overview")
-        self.stop_button = pn.widgets.Button(label="Stop selected", color="warning")
+        self.stop_button = pn.widgets.Button(label="Stop selected", color="warning", disabled=True)
+        self.name_input = pn.widgets.TextInput(label="New name", placeholder="name of the selected run",
+                                               max_length=NAME_LIMIT, width=200)
+        self.rename_button = pn.widgets.Button(label="Rename", disabled=True, align="end")
+        self.delete_button = pn.widgets.Button(label="Delete selected", color="danger", disabled=True)
+        self.confirm_text = pn.pane.Markdown("", margin=(5, 10))
+        self.confirm_button = pn.widgets.Button(label="Confirm", color="danger")
+        self.cancel_button = pn.widgets.Button(label="Cancel")
+        self.confirm_row = pn.Row(self.confirm_text, self.confirm_button, self.cancel_button, visible=False,
+                                  css_classes=["qatlab-runs-confirm"])
+        self.message = pn.pane.Alert("", alert_type="warning", visible=False, css_classes=["qatlab-runs-message"],
+                                     sizing_mode="stretch_width", margin=(5, 10))
         self.show_button.on_click(self._show)
-        self.stop_button.on_click(lambda _: [r.stop() for r in self.selected_runs() if not r.done])
+        self.stop_button.on_click(lambda _: self.stop_selected())
+        self.rename_button.on_click(lambda _: self.rename_selected(self.name_input.value))
+        self.delete_button.on_click(lambda _: self.delete_selected())
+        self.confirm_button.on_click(lambda _: self.confirm())
+        self.cancel_button.on_click(lambda _: self.cancel())
         self._plots = pn.Column(sizing_mode="stretch_width")
         self._layout = pn.Column(
             pn.pane.Markdown("Every run of this server process. Tick rows to overlay them; downloads use the "
-                             "selection (all runs when nothing is selected).", margin=(5, 10)),
+                             "selection (all runs when nothing is selected). Runs of other pages, notebooks "
+                             "and the command line are read-only while they run.", margin=(5, 10)),
             self.table,
             pn.Row(self.csv_download, self.json_download, self.show_button, self.stop_button),
+            pn.Row(self.name_input, self.rename_button, self.delete_button),
+            self.confirm_row, self.message,
             self._plots, sizing_mode="stretch_width")
         self._ids: list[str] = []
         self._last_key = None
         self._next_refresh = 0.0
-        self.table.param.watch(lambda e: self.request_rebuild(), "selection")
+        self.table.param.watch(self._on_selection, "selection")
         self.refresh(force=True)
         self.rebuild()
+
+    def _on_selection(self, _event=None) -> None:
+        self.cancel()
+        self._update_buttons()
+        self.request_rebuild()
 
     # ------------------------------------------------------------ selection
     def selected_runs(self) -> list[Run]:
@@ -126,6 +167,105 @@ class RunsTable(LiveView):
         if runs and self.on_show is not None:
             self.on_show(runs[0])
 
+    # ------------------------------------------------------------ changing runs (ownership: module doc)
+    def _say(self, text: str, alert_type: str = "warning") -> None:
+        self.message.object, self.message.alert_type, self.message.visible = text, alert_type, bool(text)
+
+    def _refused(self, runs: list[Run], what: str) -> str:
+        ids = ", ".join(r.id for r in runs)
+        return (f"Cannot {what} {ids}: another page, a notebook or the command line started "
+                f"{'it' if len(runs) == 1 else 'them'}, and {'it is' if len(runs) == 1 else 'they are'} "
+                f"read-only while running.")
+
+    def _update_buttons(self) -> None:
+        runs = self.selected_runs()
+        self.stop_button.disabled = not any(not r.done and r.may_change(self.owner) for r in runs)
+        self.rename_button.disabled = not (len(runs) == 1 and runs[0].may_change(self.owner))
+        self.delete_button.disabled = not runs or not all(r.may_change(self.owner) for r in runs)
+
+    def stop_selected(self) -> list[Run]:
+        """``Stop selected``: stop the selected active runs this page started; returns them."""
+        active = [r for r in self.selected_runs() if not r.done]
+        mine = [r for r in active if r.may_change(self.owner)]
+        for run in mine:
+            run.stop()
+        refused = [r for r in active if r not in mine]
+        self._say(self._refused(refused, "stop") if refused else "")
+        return mine
+
+    def rename_selected(self, name: str) -> bool:
+        """``Rename``: the one selected run gets ``name`` (validated); a run another page started
+        waits for :meth:`confirm`. Returns True when renamed now."""
+        runs = self.selected_runs()
+        if len(runs) != 1:
+            self._say("Select one run to rename.")
+            return False
+        run = runs[0]
+        try:
+            new = checked_name(name)
+        except (TypeError, ValueError) as exc:
+            self._say(str(exc))
+            return False
+        if not run.may_change(self.owner):
+            self._say(self._refused([run], "rename"))
+            return False
+        action = lambda: setattr(run, "name", new)   # noqa: E731
+        if run.owner == self.owner and self.owner is not None:
+            return self._apply([run], action, "rename")
+        self._ask(f"Rename **{run.id}** ({run.name}), started by {started_by(run, self.owner)}, "
+                  f"to **{new}**?", [run], action, "rename")
+        return False
+
+    def delete_selected(self) -> None:
+        """``Delete selected``: asks for :meth:`confirm`, then removes the runs from the registry
+        (an active run of this page is stopped first)."""
+        runs = self.selected_runs()
+        if not runs:
+            self._say("Select the runs to delete.")
+            return
+        refused = [r for r in runs if not r.may_change(self.owner)]
+        if refused:
+            self._say(self._refused(refused, "delete"))
+            return
+        ids = ", ".join(r.id for r in runs)
+        self._ask(f"Delete {len(runs)} run{'s' if len(runs) > 1 else ''} ({ids}) and their metrics "
+                  "from this server?", runs, lambda: [delete_run(r) for r in runs], "delete")
+
+    def _ask(self, text: str, runs: list[Run], action, what: str) -> None:
+        self._pending = (runs, action, what)
+        self.confirm_text.object = text
+        self.confirm_row.visible = True
+        self._say("")
+
+    def confirm(self) -> bool:
+        """Carry out the action waiting for confirmation (checked again now); True if it was done."""
+        if self._pending is None:
+            return False
+        runs, action, what = self._pending
+        self.cancel()
+        return self._apply(runs, action, what)
+
+    def cancel(self) -> None:
+        """Drop the action waiting for confirmation."""
+        self._pending = None
+        self.confirm_row.visible = False
+
+    def _apply(self, runs: list[Run], action, what: str) -> bool:
+        refused = [r for r in runs if not r.may_change(self.owner)]
+        if refused:    # checked again at the moment of the change
+            self._say(self._refused(refused, what))
+            return False
+        try:
+            action()
+        except (KeyError, TypeError, ValueError) as exc:   # deleted meanwhile, or a bad name
+            self._say(str(exc))
+            return False
+        self._say("")
+        if what == "delete":
+            self.table.selection = []
+        self.refresh(force=True)
+        return True
+
     # ------------------------------------------------------------ refresh
     def refresh(self, force: bool = False) -> None:
         """Re-read ``all_runs()`` into the table, at most once per second and only if it changed."""
@@ -134,10 +274,11 @@ class RunsTable(LiveView):
             return
         self._next_refresh = now + TABLE_PERIOD
         runs = all_runs()
-        df = runs_frame(runs)
+        df = runs_frame(runs, self.owner)
         key = df.to_json()
         if key == self._last_key:
             return
+        self._update_buttons()     # statuses changed: an ended run of another page becomes changeable
         self._last_key = key
         ids = [r.id for r in runs]
         old = self.table.value

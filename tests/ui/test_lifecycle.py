@@ -1,0 +1,288 @@
+"""Run lifecycle and page ownership: a closed page's runs stop within a second and are freed, a
+comparison whose page closed before its figures were drawn never starts, nothing is logged as a
+traceback meanwhile, and a page changes only the runs it started (others are read-only while
+they run; ended runs may be renamed or deleted from any page, after a confirmation).
+
+Pages are Bokeh client sessions (``pull_session``: a real websocket) on a threaded ``pn.serve``
+whose unused sessions live 20 s, as in ``panel serve``: what stops the runs within a second is
+the Dashboard noticing the closed connection, not Bokeh destroying the session.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import pytest
+
+pn = pytest.importorskip("panel")
+
+import qatlab as ql  # noqa: E402
+from bokeh.client import pull_session  # noqa: E402
+from panel.io.state import set_curdoc  # noqa: E402
+from qatlab.runs import all_runs  # noqa: E402
+from qatlab.ui import Dashboard, dashboard, template_kwargs  # noqa: E402
+
+pytestmark = [pytest.mark.filterwarnings("ignore:The inplace keyword"), pytest.mark.slow]   # every test trains
+
+LONG_EPOCHS = 100_000     # runs that are still training when their page closes
+STOP_SECONDS = 1.0        # the goal: a closed page's runs stop within this
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(predicate, timeout: float, interval: float = 0.01) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def long_config(hidden=(16,)) -> ql.ExperimentConfig:
+    cfg = ql.ExperimentConfig()
+    cfg.model.hidden = list(hidden)
+    cfg.optim.epochs = LONG_EPOCHS
+    return cfg
+
+
+class Tracebacks(logging.Handler):
+    """Every log record of the process (all threads) that carries a traceback or an error."""
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.records: list[str] = []
+
+    def emit(self, record):
+        self.records.append(f"{record.name}: {record.getMessage()}")
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A threaded server; each new session does what ``plan`` says next ("run", "compare" or idle).
+
+    ``when_drawn`` (the drawn handshake) is wrapped: with ``hold`` set, the callback waits for
+    the test to fire it (``held``: (doc, callback) pairs) as the 2 s fallback would: a client
+    session has no JS to answer, Panel renders the STE tab there only once a browser says the
+    page is ready, and a loaded machine may connect the client later than 2 s. The browser
+    test (:func:`test_browser_page_closed_before_compare_drew_never_starts`) checks the real one."""
+    plan: list[str] = []
+    dashboards: list[Dashboard] = []
+    drawn = {"hold": False, "held": []}
+    real_when_drawn = dashboard.when_drawn
+
+    def spy(fig, callback, *args, **kwargs):
+        if not drawn["hold"]:
+            return real_when_drawn(fig, callback, *args, **kwargs)
+        drawn["held"].append((pn.state.curdoc, callback))
+
+    dashboard.when_drawn = spy
+
+    def app():
+        dash = Dashboard(config=long_config())
+        dashboards.append(dash)
+        what = plan.pop(0) if plan else "idle"
+        if what == "run":
+            dash.start_run()
+        elif what == "compare":   # as a click does: in a document callback once the page is built
+            doc = pn.state.curdoc
+
+            def press():
+                with set_curdoc(doc):
+                    dash.compare_ste()
+            doc.add_next_tick_callback(press)
+        return pn.template.FastListTemplate(sidebar=[dash.sidebar], main=[dash.main], **template_kwargs())
+
+    errors = Tracebacks()
+    root = logging.getLogger()
+    root.addHandler(errors)
+    port = _free_port()
+    thread = pn.serve({"app": app}, port=port, address="127.0.0.1", threaded=True, show=False, start=True,
+                      check_unused_sessions_milliseconds=1000, unused_session_lifetime_milliseconds=20_000)
+    assert _wait(lambda: _port_open(port), 20), "server did not start"
+    try:
+        yield dict(url=f"http://127.0.0.1:{port}/app", plan=plan, dashboards=dashboards, drawn=drawn,
+                   errors=errors.records)
+    finally:
+        for dash in dashboards:
+            for run in dash.owned_runs():
+                run.stop()
+                run.join(10)
+        thread.stop()
+        root.removeHandler(errors)
+        dashboard.when_drawn = real_when_drawn
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def _open(server, what: str):
+    """(client session, its Dashboard) of a new page that does ``what``."""
+    n = len(server["dashboards"])
+    server["plan"].append(what)
+    session = pull_session(url=server["url"])
+    assert _wait(lambda: len(server["dashboards"]) > n, 30), "no Dashboard was built for the session"
+    dash = server["dashboards"][n]
+    assert dash.owner == session.id
+    return session, dash
+
+
+def _training(runs) -> bool:
+    return all(r.status == "running" and r.steps_done > 0 for r in runs)
+
+
+def test_closed_page_stops_its_run_within_a_second_and_releases_it(server):
+    session, dash = _open(server, "run")
+    (run,) = dash.owned_runs()
+    assert _wait(lambda: _training([run]), 60), (run, run.message)
+    assert _wait(lambda: dash.page.connected_once, 10)
+    closed_at = time.monotonic()
+    session.close()
+    assert _wait(lambda: run.done, STOP_SECONDS), f"still {run.status} {STOP_SECONDS} s after the page closed"
+    print(f"run stopped {time.monotonic() - closed_at:.2f} s after its page closed")
+    assert run.status == "stopped" and dash.closed and not dash.streaming
+    assert _wait(lambda: run.released, 10) and run.result.model is None   # the reaper joined and freed it
+    assert run in all_runs() and len(run.log) > 0                          # still listed, history kept
+    assert server["errors"] == []
+
+
+def test_comparison_whose_page_closed_before_its_figures_were_drawn_never_starts(server):
+    server["drawn"]["hold"] = True
+    try:
+        session, dash = _open(server, "compare")
+        assert _wait(lambda: len(server["drawn"]["held"]) == 1, 30), "the comparison did not wait for its figures"
+    finally:
+        server["drawn"]["hold"] = False
+    runs = list(dash.comparison.values())
+    assert len(runs) == 4 and all(r.status == "created" for r in runs)
+    assert _wait(lambda: dash.page.connected_once, 10)
+    session.close()                                    # before the page said it drew the figures
+    assert _wait(lambda: all(r.done for r in runs), STOP_SECONDS), [r.status for r in runs]
+    doc, fallback = server["drawn"]["held"].pop()
+    fired = threading.Event()
+
+    def fire():                                        # what the 2 s fallback does, in the session
+        with set_curdoc(doc):
+            fallback()
+        fired.set()
+    doc.add_next_tick_callback(fire)
+    assert fired.wait(10), "the fallback did not run"
+    assert all(r.status == "stopped" and r.started_at is None and r._thread is None for r in runs)
+    assert server["errors"] == []
+
+
+def test_six_pages_churned_then_closed_free_their_threads(server):
+    """Six pages (three single runs, three comparisons: 15 training threads) open at once, then
+    close: every run stops within a second, the threads are back to the baseline within a few
+    seconds and the runs' models are released."""
+    def threads():   # asyncio_*: the executor threads of the test's client sessions' own event loops
+        return sorted(t.name for t in threading.enumerate() if not t.name.startswith("asyncio_"))
+
+    assert _wait(lambda: not any(n.startswith(("run-", "qatlab-reaper-")) for n in threads()), 30), threads()
+    baseline = threads()
+    pages = [_open(server, what) for what in ["run", "compare"] * 3]
+    assert _wait(lambda: sum(len(dash.owned_runs()) for _, dash in pages) == 15, 30)
+    runs = [r for _, dash in pages for r in dash.owned_runs()]
+    assert _wait(lambda: _training(runs), 120), [r.status for r in runs]
+    assert len(threads()) >= len(baseline) + 15
+    assert all(_wait(lambda d=dash: d.page.connected_once, 10) for _, dash in pages)
+    closed_at = time.monotonic()
+    for session, _ in pages:
+        session.close()
+    assert _wait(lambda: all(r.done for r in runs), STOP_SECONDS + 0.5), [r.status for r in runs]
+    stopped = time.monotonic() - closed_at
+    assert _wait(lambda: threads() == baseline, 5), (threads(), baseline)
+    freed = time.monotonic() - closed_at
+    print(f"15 runs of 6 closed pages stopped in {stopped:.2f} s; threads back to baseline in {freed:.2f} s")
+    assert all(r.status == "stopped" and r.released and r.result.model is None for r in runs)
+    assert server["errors"] == []
+
+
+def test_dashboard_close_stops_runs_within_a_second():
+    dash = Dashboard(config=long_config(), period=0)
+    run = dash.start_run()
+    assert _wait(lambda: _training([run]), 60)
+    assert dash.close(join_timeout=None) == [run]
+    assert _wait(lambda: run.done, STOP_SECONDS) and run.status == "stopped"
+    assert dash.close() == []                          # idempotent
+    assert run.join(10)
+
+
+# ---------------------------------------------------------------------------- ownership
+
+
+def _select(table, *runs) -> None:
+    table.refresh(force=True)
+    table.table.selection = [table._ids.index(r.id) for r in runs]
+
+
+@pytest.fixture
+def pages():
+    """Two pages (Dashboards without a server) of different owners; their runs are stopped at teardown."""
+    a = Dashboard(config=long_config(), owner="page-a", period=0)
+    b = Dashboard(config=long_config(), owner="page-b", period=0)
+    yield a, b
+    for dash in (a, b):
+        dash.close(join_timeout=10)
+
+
+def test_a_page_cannot_change_another_pages_running_run(pages):
+    a, b = pages
+    run = a.start_run()
+    cli = ql.Run(long_config()).start()                # a notebook's or the command line's run
+    try:
+        assert _wait(lambda: _training([run, cli]), 60)
+        _select(b.runs, run)
+        assert b.runs.table.value.set_index("id").loc[run.id, "started by"] == "another page"
+        assert b.runs.stop_button.disabled and b.runs.rename_button.disabled and b.runs.delete_button.disabled
+        assert b.runs.stop_selected() == []            # a press that gets through anyway is refused
+        assert b.runs.message.visible and run.id in b.runs.message.object and "read-only" in b.runs.message.object
+        assert b.runs.rename_selected("mine now") is False and run.name != "mine now"
+        b.runs.delete_selected()
+        assert not b.runs.confirm_row.visible and run in all_runs() and run.status == "running"
+        _select(a.runs, cli)                           # the CLI run is read-only for every page
+        assert a.runs.table.value.set_index("id").loc[cli.id, "started by"] == "notebook / CLI"
+        assert a.runs.stop_button.disabled and a.runs.stop_selected() == [] and cli.status == "running"
+        _select(a.runs, run)                           # its own page may
+        assert a.runs.table.value.set_index("id").loc[run.id, "started by"] == "this page"
+        assert not a.runs.stop_button.disabled and not a.runs.rename_button.disabled
+        assert a.runs.rename_selected("  renamed by a ") is True and run.name == "renamed by a"   # no question
+        assert a.runs.stop_selected() == [run] and not a.runs.message.visible
+        assert run.join(20) and run.status == "stopped"
+    finally:
+        cli.stop()
+        assert cli.join(20)
+
+
+def test_ended_runs_are_renamed_or_deleted_from_any_page_after_confirmation(pages):
+    a, b = pages
+    run = a.start_run()
+    assert _wait(lambda: run.steps_done > 0, 60)
+    run.stop()
+    assert run.join(20)
+    _select(b.runs, run)
+    assert b.runs.stop_button.disabled and not b.runs.rename_button.disabled and not b.runs.delete_button.disabled
+    assert b.runs.rename_selected("<script>") is False and "name: expected" in b.runs.message.object
+    assert b.runs.rename_selected("kept from b") is False                      # asks first
+    assert b.runs.confirm_row.visible and run.id in b.runs.confirm_text.object and run.name == run.id
+    b.runs.cancel()
+    assert not b.runs.confirm_row.visible and b.runs.confirm() is False and run.name == run.id
+    b.runs.rename_selected("kept from b")
+    assert b.runs.confirm() is True and run.name == "kept from b"
+    assert b.runs.table.value.set_index("id").loc[run.id, "name"] == "kept from b"
+    b.runs.delete_selected()
+    assert b.runs.confirm_row.visible and run in all_runs()                    # nothing deleted yet
+    assert b.runs.confirm() is True
+    assert run not in all_runs() and run.id not in list(b.runs.table.value["id"]) and b.runs.table.selection == []
+    assert run.released and len(run.log) > 0
