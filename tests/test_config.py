@@ -26,7 +26,8 @@ def test_experiment_defaults_match_design():
     d = ExperimentConfig().to_dict()
     assert d["data"] == {"dataset": "digits", "test_fraction": 0.2, "seed": 0, "n_samples": 2000,
                          "n_features": 64, "n_classes": 10, "path": ""}
-    assert d["model"] == {"hidden": [256], "activation": "relu"}
+    assert d["model"] == {"hidden": [256], "activation": "relu", "architecture": "mlp", "conv_channels": [16, 32],
+                          "kernel_size": 5, "pool": 2}
     assert d["quant"] == {"weights": "ternary", "weight_bits": 4, "activations": "off", "activation_bits": 8,
                           "symmetric": True, "per_channel": False, "scale_mode": "observer", "ste": "identity",
                           "activation_ste": "clipped_identity"}
