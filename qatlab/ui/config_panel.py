@@ -161,11 +161,11 @@ class ConfigPanel(pn.viewable.Viewer):
         for name in sub.param:
             if f"{key}.{name}" in NOT_SHOWN or name in NOT_SHOWN or not supported(sub.param[name]):
                 continue
-            views.append(self._field(sub, key, name).view)
+            views += self._field(sub, key, name).views
             if key == "data" and name == "dataset":
-                views += [self.dataset_card, self.file_chooser.view]
+                views += [self.dataset_card, *self.file_chooser.views]
         if key == "optim":
-            views.append(self._field(self.config, "", "metrics_every").view)
+            views += self._field(self.config, "", "metrics_every").views
         return views
 
     # ---------------------------------------------------------------- checking
@@ -207,11 +207,11 @@ class ConfigPanel(pn.viewable.Viewer):
     def _apply_rules(self) -> None:
         for path, rule in self.rules.items():
             field = self.fields[path]
-            field.view.visible = bool(rule(self.config))
-            if not field.view.visible and field.error:
+            field.visible = rule(self.config)
+            if not field.visible and field.error:
                 field.revert()
         dataset = self.config.data.dataset
-        self.file_chooser.view.visible = dataset == "file"
+        self.file_chooser.visible = dataset == "file"
         self.dataset_card.object = card_markdown(qdata.DATASET_CARDS.get(dataset))
         self.dataset_card.visible = bool(self.dataset_card.object)
 

@@ -65,8 +65,9 @@ class DataFileChooser(Checked):
         self.using = pn.pane.HTML("", css_classes=["qatlab-data-file"], sizing_mode="stretch_width", margin=(0, 10))
         hint = (f"Upload a .npz (X, y[, X_test, y_test]) or a .csv (label last), up to {_mb(UPLOAD_MAX_BYTES)}"
                 + (", or choose a file the server offers." if self.data_dir else "."))
-        self.view = pn.Column(pn.pane.HTML(f"<small>{hint}</small>", margin=(0, 10)), self.upload, self.choice,
-                              self.using, self.message, sizing_mode="stretch_width", margin=0)
+        self.box = pn.Column(pn.pane.HTML(f"<small>{hint}</small>", margin=(0, 10)), self.upload, self.choice,
+                             self.using, sizing_mode="stretch_width", margin=0)
+        self.views = [self.box, self.message]
         self._show_using()
 
     def _listing(self) -> list[str]:

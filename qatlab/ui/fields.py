@@ -108,6 +108,7 @@ class Checked:
     key = ""
 
     def _init_errors(self) -> None:
+        self._visible = True
         self.error: str | None = None
         self.rule_error: str | None = None
         self.message = pn.pane.HTML("", visible=False, css_classes=["qatlab-field-error"], styles=ERROR_STYLE,
@@ -129,7 +130,20 @@ class Checked:
     def _show(self) -> None:
         text = self.shown_error
         self.message.object = "" if text is None else _html(text)
-        self.message.visible = text is not None
+        self.message.visible = text is not None and self._visible
+
+    @property
+    def visible(self) -> bool:
+        """Shown in the page (the part applies to the current config)."""
+        return self._visible
+
+    @visible.setter
+    def visible(self, value: bool) -> None:
+        self._visible = bool(value)
+        for view in self.views:
+            if view is not self.message:
+                view.visible = self._visible
+        self._show()
 
 
 class Field(Checked):
@@ -152,7 +166,7 @@ class Field(Checked):
         self._assigning = False
         self.widget = self._make_widget(getattr(obj, name))
         self._last_text = self.widget.value if isinstance(self.widget, pn.widgets.TextInput) else None
-        self.view = pn.Column(self.widget, self.message, sizing_mode="stretch_width", margin=0)
+        self.views = [self.widget, self.message]   # laid out by the panel (no wrapper: fewer models per page)
         self.typed = isinstance(self.widget, pn.widgets.TextInput) and not isinstance(self.p, param.String)
         if self.typed:
             self.widget.param.watch(self._on_text, "value_input")

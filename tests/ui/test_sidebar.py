@@ -84,7 +84,7 @@ def test_every_field_refuses_what_its_config_cannot_hold(architecture):
     assert not panel.problems
     checked = 0
     for key, field in panel.fields.items():
-        if not field.view.visible:      # e.g. a field of the other architecture
+        if not field.visible:      # e.g. a field of the other architecture
             continue
         before = field.obj.to_dict()
         good = field.widget.value
@@ -101,7 +101,7 @@ def test_every_field_refuses_what_its_config_cannot_hold(architecture):
         assert field.error is None and not field.message.visible, key
         assert not panel.start_button.disabled and not panel.problems, (key, panel.problems)
     assert checked >= 50 and {"optim.lr", "optim.batch_size", "optim.epochs", "model.hidden"} <= set(panel.fields)
-    assert panel.fields["model.kernel_size"].view.visible == (architecture == "cnn")
+    assert panel.fields["model.kernel_size"].visible == (architecture == "cnn")
 
 
 @pytest.mark.parametrize("key, text, expect", [
@@ -140,7 +140,7 @@ def test_config_set_from_python_shows_in_the_widget_and_clears_the_error():
 
 
 def shown(panel: ConfigPanel) -> set[str]:
-    return {k for k, f in panel.fields.items() if f.view.visible}
+    return {k for k, f in panel.fields.items() if f.visible}
 
 
 def test_only_fields_that_apply_are_shown():
@@ -165,9 +165,9 @@ def test_only_fields_that_apply_are_shown():
     assert synthetic_only and not synthetic_only & shown(panel)
     cfg.data.dataset = "synthetic"
     assert synthetic_only <= shown(panel)
-    assert not panel.file_chooser.view.visible
+    assert not panel.file_chooser.visible
     cfg.data.dataset = "file"
-    assert panel.file_chooser.view.visible and not synthetic_only & shown(panel)
+    assert panel.file_chooser.visible and not synthetic_only & shown(panel)
     cnn_only = {"model.conv_channels", "model.kernel_size", "model.pool"}
     assert not cnn_only & shown(panel) and "model.hidden" in shown(panel)
     cfg.model.architecture = "cnn"
@@ -184,7 +184,7 @@ def test_a_field_hidden_while_invalid_shows_the_configs_value_again():
     assert panel.start_button.disabled
     panel.fields["optim.optimizer"].widget.value = "adam"
     field = panel.fields["optim.momentum"]
-    assert not field.view.visible and field.error is None and field.widget.value == "0.9"
+    assert not field.visible and field.error is None and field.widget.value == "0.9"
     assert not panel.start_button.disabled and panel.config.optim.momentum == 0.9
 
 

@@ -37,7 +37,7 @@ def panel(tmp_path, monkeypatch):
 def test_no_typed_path_field(panel):
     assert "data.path" not in panel.fields
     assert not any(isinstance(f.widget, pn.widgets.TextInput) and f.name == "path" for f in panel.fields.values())
-    assert panel.file_chooser.view.visible and not panel.file_chooser.choice.visible   # no data directory given
+    assert panel.file_chooser.visible and not panel.file_chooser.choice.visible   # no data directory given
     assert panel.start_button.disabled and "Data file" in (panel.file_chooser.shown_error or "")
 
 
