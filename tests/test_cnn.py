@@ -58,6 +58,21 @@ def test_partial_batches_and_the_evaluation_scratch():
     assert dx.shape == (5, 144) and g5.d_output().shape == (5, 10)
 
 
+@pytest.mark.parametrize("cores", [1, 3])
+def test_results_do_not_depend_on_the_core_count(monkeypatch, cores):
+    from qatlab import parallel
+    m = ql.Cnn((1, 28, 28), [16, 32], 10, seed=4)          # big enough for split products and images
+    x = RNG.random((64, 784), dtype=np.float32)
+    labels = RNG.integers(0, 10, 64)
+    monkeypatch.setattr(parallel, "_cores", 2)
+    out, _, dx, g = _step(m, x, labels)
+    monkeypatch.setattr(parallel, "_cores", cores)
+    out_c, _, dx_c, g_c = _step(m, x, labels)
+    np.testing.assert_array_equal(out_c, out)
+    np.testing.assert_array_equal(dx_c, dx)
+    np.testing.assert_array_equal(g_c.flat(), g.flat())
+
+
 def test_four_dimensional_input_and_activation_quantizers():
     m = ql.Cnn((1, 10, 10), [3], 4, hidden=[6], kernel_size=3, pool=2, seed=0)
     x = RNG.standard_normal((4, 1, 10, 10)).astype(np.float32)

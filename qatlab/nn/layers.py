@@ -54,18 +54,21 @@ def _f32(name: str, x, ndim: int) -> np.ndarray:
     return x
 
 
-#: A convolution's product of at least this many multiply-adds is split over the cores (the thread
-#: hand-off, ~23 us, is under a tenth of such a product; the first LeNet conv's 14.7M qualifies).
+#: A convolution's product of at least this many multiply-adds is split in :data:`GEMM_PARTS` column
+#: blocks (the thread hand-off, ~23 us, is under a tenth of such a product; the first LeNet conv's
+#: 14.7M qualifies).
 MIN_SPLIT_MACS = 1 << 22
+#: Column blocks of a split product: fixed, not the core count, because BLAS computes a block's
+#: columns in the last bits differently from the whole product's; one core runs them one by one.
+GEMM_PARTS = 2
 
 
 def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """out = a @ b (float32); split into column blocks of b/out on the cores when large. Each block is
-    a whole product over the same inner dimension, and the blocks depend only on the shapes and the
-    core count, so a run stays deterministic."""
+    """out = a @ b (float32); large products in :data:`GEMM_PARTS` column blocks of b/out, run on the
+    cores. The blocks depend only on the shapes, so a run gives the same bits on any core count."""
     m, k = a.shape
     n = b.shape[1]
-    parts = min(parallel.cores(), n // 16) if m * k * n >= MIN_SPLIT_MACS else 1
+    parts = min(GEMM_PARTS, n // 8) if m * k * n >= MIN_SPLIT_MACS else 1
     if parts < 2:
         return np.dot(a, b, out=out)
     parallel.split_rows(lambda lo, hi: np.matmul(a, b[:, lo:hi], out=out[:, lo:hi]), n, parts)
