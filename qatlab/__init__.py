@@ -41,3 +41,11 @@ from .train.ternary_accumulator import TernaryGradientAccumulator
 from .train.vsa import VSABundle, VSAGradientCompressor, VSAReport
 from .resources import check_memory, estimate_memory
 from .store import RunRecord, RunStore
+
+
+def __getattr__(name: str):
+    """The executor (connect, shutdown, RemoteRun) imports Dask, about a second: loaded on first use."""
+    if name in ("connect", "shutdown", "RemoteRun"):
+        from . import executor
+        return getattr(executor, name)
+    raise AttributeError(f"module 'qatlab' has no attribute {name!r}")

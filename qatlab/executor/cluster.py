@@ -1,0 +1,136 @@
+"""``connect()``: the Dask client runs train on, and ``shutdown()``.
+
+With no address (and no ``$QATLAB_SCHEDULER``) a process-wide :class:`~distributed.LocalCluster`
+of one-thread worker processes on loopback, no dashboard (the engine never imports Bokeh), started
+once and reused; with ``"tcp://host:8786"`` a client of that cluster (started with ``dask scheduler``
+and ``dask worker``). Workers import qatlab and warm its Numba kernels (:class:`WarmWorker`). A
+task is never retried (``allowed-failures`` 0 on the local scheduler): a rerun would duplicate rows.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+
+log = logging.getLogger(__name__)
+
+SCHEDULER_ENV = "QATLAB_SCHEDULER"
+#: The local cluster has at least this many workers, so the four runs of an STE comparison
+#: train together (each a process of its own) even on a 2-core machine.
+MIN_LOCAL_WORKERS = 4
+CONNECT_TIMEOUT = "20s"
+
+_lock = threading.RLock()
+_clients: dict[str, object] = {}       # "local" or an address -> Client made by connect()
+_cluster = None                        # the LocalCluster connect() started
+_before_shutdown: list = []            # callables run first by shutdown() (RemoteRun stops its runs)
+_atexit_registered = False
+
+try:                                   # WorkerPlugin is only a base class: keep importing this module cheap
+    from distributed import WorkerPlugin as _PluginBase
+except ImportError:                    # (dask[distributed] is a dependency; this keeps the error at connect())
+    _PluginBase = object
+
+
+class WarmWorker(_PluginBase):
+    """On each worker (and each one that joins or restarts later): import qatlab and, with
+    ``warm``, compile or load its Numba kernels on a background thread (:func:`qatlab.warmup.start`;
+    about a second once Numba's on-disk cache is filled)."""
+
+    name = "qatlab-warm"
+    idempotent = True
+
+    def __init__(self, warm: bool = True):
+        self.warm = bool(warm)
+
+    def setup(self, worker) -> None:
+        import qatlab  # noqa: F401  (one BLAS thread, Numba's cache directory)
+        if self.warm:
+            from qatlab import warmup
+            warmup.start()
+
+
+def _check_workers(n_workers) -> int:
+    if n_workers is None:
+        return max(os.cpu_count() or 1, MIN_LOCAL_WORKERS)
+    if isinstance(n_workers, bool) or not isinstance(n_workers, int) or not 1 <= n_workers <= 256:
+        raise ValueError(f"n_workers: expected an int in [1, 256] or None, got {n_workers!r}")
+    return n_workers
+
+
+def local_cluster(n_workers: int | None = None):
+    """A new LocalCluster: ``n_workers`` (default: the cores, at least :data:`MIN_LOCAL_WORKERS`)
+    worker processes of one thread on 127.0.0.1, no dashboard, no task retried. The caller closes it."""
+    n = _check_workers(n_workers)
+    import dask
+    from distributed import LocalCluster
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                            dashboard_address=None, scheduler_kwargs={"allowed_failures": 0})
+
+
+def _check_address(address) -> str | None:
+    if address is None:
+        address = os.environ.get(SCHEDULER_ENV, "").strip() or None
+        if address is None:
+            return None
+    if not isinstance(address, str) or "://" not in address:
+        raise ValueError(f"address: expected a scheduler address such as 'tcp://host:8786' or None, got {address!r}")
+    return address
+
+
+def connect(address: str | None = None, n_workers: int | None = None, warm: bool = True):
+    """The Dask client runs are submitted to (created once per address and reused).
+
+    address: ``"tcp://host:8786"``; None means ``$QATLAB_SCHEDULER``, else the process-wide
+    local cluster (:func:`local_cluster` with ``n_workers``, started on first use).
+    warm: workers warm the Numba kernels when they start (:class:`WarmWorker`).
+    """
+    global _cluster, _atexit_registered
+    address = _check_address(address)
+    if address is not None and n_workers is not None:
+        raise ValueError("n_workers: only for the local cluster; an existing cluster has its own workers")
+    key = address or "local"
+    with _lock:
+        client = _clients.get(key)
+        if client is not None and client.status == "running":
+            return client
+        from distributed import Client
+        if address is None:
+            if _cluster is None or _cluster.status.name != "running":
+                _cluster = local_cluster(n_workers)
+            client = Client(_cluster, set_as_default=False)
+        else:
+            client = Client(address, timeout=CONNECT_TIMEOUT, set_as_default=False)
+        client.register_plugin(WarmWorker(warm))
+        _clients[key] = client
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
+        return client
+
+
+def shutdown() -> None:
+    """Stop this process's runs that are not ``keep_alive``, then close every client connect()
+    made and the local cluster it started. Called at exit; connect() starts afresh after it."""
+    global _cluster
+    for hook in list(_before_shutdown):
+        try:
+            hook()
+        except Exception:          # closing must go on whatever a hook did
+            log.exception("qatlab: executor shutdown hook failed")
+    with _lock:
+        clients, cluster = list(_clients.values()), _cluster
+        _clients.clear()
+        _cluster = None
+    for client in clients:
+        try:
+            client.close(timeout=10)
+        except Exception:
+            log.exception("qatlab: closing a Dask client failed")
+    if cluster is not None:
+        try:
+            cluster.close(timeout=20)
+        except Exception:
+            log.exception("qatlab: closing the local Dask cluster failed")

@@ -1,0 +1,390 @@
+"""RemoteRun: one experiment trained on a Dask worker, its rows, status and result kept here.
+
+``start()`` checks the config (and its memory estimate where the data is readable here), creates
+the run in the store, subscribes to the run's row topic and submits
+:func:`~qatlab.executor.worker.run_on_worker`. Rows arrive on the client's event loop
+(:meth:`RemoteRun._on_event`) into :attr:`RemoteRun.log`, a MetricsLog that live views read with
+``rows_since(cursor)``; a monitor thread writes them to the store every :data:`FLUSH_SECONDS`,
+beats the store's heartbeat and, once the task ends, stores the result. A worker that dies ends
+the run ``failed`` with "worker lost" (the task is never retried); the other runs go on.
+
+Status: ``created`` (queued until a worker starts it) -> ``running`` <-> ``paused`` -> one of
+``finished``, ``stopped``, ``diverged``, ``failed``.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import threading
+import time
+import weakref
+
+from ..config import ExperimentConfig
+from ..metrics import MetricsLog
+from . import cluster
+from .worker import WorkerLost, claim_name, control_name, forget_topic, run_on_worker, topic
+
+log = logging.getLogger(__name__)
+
+DONE = ("finished", "stopped", "diverged", "failed")
+FLUSH_SECONDS = 0.5        # rows reach the store at least this often
+HEARTBEAT_SECONDS = 10.0   # the store's heartbeat of a live run
+WAKE_SECONDS = 0.1         # the monitor thread's longest sleep
+ROWS_WAIT_SECONDS = 5.0    # after the result, how long rows still on their way are awaited
+SHUTDOWN_JOIN_SECONDS = 5.0
+
+_active: "weakref.WeakSet[RemoteRun]" = weakref.WeakSet()
+_default_store = None
+_store_lock = threading.Lock()
+
+
+def active_runs() -> list["RemoteRun"]:
+    """The RemoteRuns of this process that were started and have not ended."""
+    return [run for run in list(_active) if not run.done]
+
+
+def _store():
+    global _default_store
+    with _store_lock:
+        if _default_store is None:
+            from ..store import RunStore
+            _default_store = RunStore()
+        return _default_store
+
+
+@functools.lru_cache(maxsize=16)
+def _shipped_sizes(data_json: str) -> tuple:
+    from ..config import DataConfig
+    from ..data import load_dataset
+    data = load_dataset(DataConfig.from_dict(json.loads(data_json)))
+    return data.n_train, data.n_test, data.n_features, data.n_outputs, getattr(data, "image_shape", None)
+
+
+def _dataset_sizes(cfg: ExperimentConfig) -> tuple | None:
+    """(n_train, n_test, n_features, n_outputs, image_shape) of the run's data, or None when it
+    cannot be read here (a path of the worker's disk, Fashion-MNIST not installed here): the worker
+    checks the memory then, as the trainer does before it builds the model."""
+    from ..data import load_dataset
+    d = cfg.data
+    if d.dataset not in ("file", "fashion_mnist"):
+        return _shipped_sizes(json.dumps(d.to_dict(), sort_keys=True))
+    if d.path and not os.path.exists(d.path):
+        return None
+    try:
+        data = load_dataset(d)          # (a user file is read each time: it may have changed)
+    except (OSError, ValueError):
+        if d.dataset == "fashion_mnist":
+            return None
+        raise                           # a bad user file: refused before anything is created
+    return data.n_train, data.n_test, data.n_features, data.n_outputs, getattr(data, "image_shape", None)
+
+
+def check_resources(cfg: ExperimentConfig) -> None:
+    """ValueError when the run would not fit the memory budget (or a cnn the images), checked here
+    before anything is submitted; skipped when the data cannot be read here."""
+    from ..resources import check_memory
+    from ..train.build import check_cnn
+    sizes = _dataset_sizes(cfg)
+    if sizes is None:
+        return
+    n_train, n_test, n_features, n_outputs, image_shape = sizes
+    if cfg.model.architecture == "cnn":
+        check_cnn(cfg, n_features, image_shape)
+    check_memory(cfg, n_train, n_test, n_features, n_outputs, image_shape=image_shape)
+
+
+class RemoteRun:
+    """One experiment trained on a Dask worker.
+
+    Args:
+        config: an ExperimentConfig (validated and copied).
+        name: label (default: the first 8 characters of the id).
+        store: the RunStore rows and result go to (default: ``RunStore()``, shared by the process).
+        client: a ``distributed.Client`` (default: :func:`~qatlab.executor.connect`).
+        keep_alive: the run goes on when this process shuts the executor down (else it is stopped).
+        owner: the store's owner of the run: None (this process), a page id, or a dict.
+    """
+
+    def __init__(self, config: ExperimentConfig, name: str | None = None, store=None, client=None,
+                 keep_alive: bool = False, owner=None):
+        from ..runs import checked_name
+        from ..store import RunStore
+        if not isinstance(config, ExperimentConfig):
+            raise TypeError(f"config: expected an ExperimentConfig, got {type(config).__name__}")
+        if store is not None and not isinstance(store, RunStore):
+            raise TypeError(f"store: expected a RunStore or None, got {type(store).__name__}")
+        if client is not None and not hasattr(client, "submit"):
+            raise TypeError(f"client: expected a distributed.Client or None, got {type(client).__name__}")
+        if not isinstance(keep_alive, bool):
+            raise TypeError(f"keep_alive: expected a bool, got {type(keep_alive).__name__}")
+        config.validate()
+        self.config = config.copy()
+        self.name = None if name is None else checked_name(name)
+        self.keep_alive, self.owner = keep_alive, owner
+        self.id: str | None = None          # the store's run id, from start()
+        self.log = MetricsLog()
+        self.status, self.message = "created", ""
+        self.worker: str | None = None      # the worker's address once it started the run
+        self.worker_pid: int | None = None
+        self.steps_done = self.total_steps = 0
+        self.error: BaseException | None = None   # a failed run's exception (from the worker)
+        self.submitted_at: float | None = None
+        self._store, self._client = store, client
+        self._result = None
+        self._future = None
+        self._lock = threading.RLock()      # never held while calling into the Dask client (its loop takes it)
+        self._ended, self._wake = threading.Event(), threading.Event()
+        self._pending: list[dict] = []      # rows received, not yet in the store
+        self._received = 0                  # rows received in order
+        self._early: dict[int, dict] = {}   # batches ahead of a missing one, by first row
+        self._on_worker = False
+        self._status_changed = False
+
+    # ------------------------------------------------------------------ control
+
+    def start(self) -> "RemoteRun":
+        """Submit the run; returns self. ValueError (nothing created) when the config or its memory
+        estimate is refused; RuntimeError when already started. A run stopped before it started
+        stays stopped."""
+        with self._lock:
+            if self._future is not None or self.id is not None:
+                raise RuntimeError(f"{self.id}: already started")
+            if self.status in DONE:
+                return self
+            self.id = "starting"
+        try:
+            self.config.validate()
+            check_resources(self.config)
+            store = self._store = self._store if self._store is not None else _store()
+            client = self._client = self._client if self._client is not None else cluster.connect()
+            run_id = store.create_run(self.config, name=self.name, owner=self.owner)
+        except BaseException:
+            self.id = None
+            raise
+        from distributed import Variable
+        self.id = run_id
+        self.name = self.name or run_id[:8]
+        self._control = Variable(control_name(run_id), client=client)
+        self._control.set("run")
+        Variable(claim_name(run_id), client=client).set("")
+        client.subscribe_topic(topic(run_id), self._on_event)
+        self.submitted_at = time.time()
+        self._future = client.submit(run_on_worker, self.config.to_dict(), run_id, key=f"qatlab-run-{run_id}",
+                                     pure=False, retries=0)
+        self._future.add_done_callback(lambda _: self._wake.set())
+        _active.add(self)
+        threading.Thread(target=self._monitor, name=f"qatlab-remote-{run_id[:8]}", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """Ask the worker to stop after the current step (status ``stopped``); a run still queued is
+        cancelled, one never started is ``stopped`` at once."""
+        with self._lock:
+            if self.status in DONE:
+                return
+            if self._future is None:
+                self.status, self.message = "stopped", "stopped before it started"
+                self._ended.set()
+                return
+            queued = not self._on_worker
+        self._control.set("stop")
+        if queued:
+            self._future.cancel()
+
+    def pause(self) -> None:
+        """Hold the run between steps (a queued run waits at its first step)."""
+        with self._lock:
+            if self._future is None or self.status not in ("created", "running"):
+                return
+            self.status, self._status_changed = "paused", True
+        self._control.set("pause")
+        self._wake.set()
+
+    def resume(self) -> None:
+        """Continue a paused run."""
+        with self._lock:
+            if self.status != "paused":
+                return
+            self.status, self._status_changed = ("running" if self._on_worker else "created"), True
+        self._control.set("run")
+        self._wake.set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until the run has ended and its result is stored; True if it has (or never started)."""
+        if self._future is None and self.status not in DONE:
+            return True
+        return self._ended.wait(timeout)
+
+    # ------------------------------------------------------------------ what arrived
+
+    @property
+    def done(self) -> bool:
+        return self.status in DONE
+
+    @property
+    def progress(self) -> float:
+        """Share of the planned steps done, 0..1 (as of the last batch of rows)."""
+        return self.steps_done / self.total_steps if self.total_steps else 0.0
+
+    def history(self) -> dict:
+        """The rows received so far, ``{column: float64 array}`` (as ``MetricsLog.columns()``)."""
+        return self.log.columns()
+
+    def rows_since(self, cursor: int = 0) -> tuple[dict, int]:
+        """Rows with ``row_id >= cursor`` and the next cursor (:meth:`MetricsLog.since`)."""
+        return self.log.since(cursor)
+
+    def result(self):
+        """The RunResult once the run has ended (None before): history, final, model, status, message."""
+        return self._result
+
+    def __repr__(self) -> str:
+        return f"RemoteRun({self.id!r}, status={self.status!r}, steps={self.steps_done}/{self.total_steps})"
+
+    # ------------------------------------------------------------------ client side plumbing
+
+    def _on_event(self, event) -> None:
+        """A message from the worker (on the client's event loop: no I/O here)."""
+        _, msg = event
+        with self._lock:
+            if msg.get("kind") == "start":
+                self.worker, self.worker_pid, self._on_worker = msg["worker"], msg.get("pid"), True
+                if self.status == "created":
+                    self.status = "running"
+                self._status_changed = True
+            elif msg.get("kind") == "rows":
+                self._take(msg)
+        self._wake.set()
+
+    def _take(self, msg: dict) -> None:
+        seq, rows = msg["seq"], msg["rows"]
+        if seq + len(rows) <= self._received and rows:
+            return                                   # already have them
+        if seq > self._received:
+            self._early[seq] = msg                   # wait for the batch before it
+            return
+        rows = rows[self._received - seq:]
+        for row in rows:
+            self.log.append(row)
+        self._pending.extend(rows)
+        self._received += len(rows)
+        self.steps_done, self.total_steps = msg["done"], msg["total"]
+        if self._received in self._early:
+            self._take(self._early.pop(self._received))
+
+    def _flush(self) -> None:
+        with self._lock:
+            rows, self._pending = self._pending, []
+        if rows:
+            self._store.append_rows(self.id, rows)
+
+    def _sync_status(self) -> None:
+        with self._lock:
+            if not self._status_changed or self.status in DONE:
+                return
+            self._status_changed = False
+            if self._on_worker and self.worker is not None:
+                self._store.set_worker(self.id, self.worker)
+            self._store.set_status(self.id, self.status)
+
+    def _monitor(self) -> None:
+        last_flush = last_beat = time.monotonic()
+        try:
+            while not self._future.done():
+                self._wake.wait(WAKE_SECONDS)
+                self._wake.clear()
+                self._sync_status()
+                now = time.monotonic()
+                if now - last_flush >= FLUSH_SECONDS:
+                    self._flush()
+                    last_flush = now
+                if now - last_beat >= HEARTBEAT_SECONDS:
+                    self._store.heartbeat(self.id)
+                    last_beat = now
+            self._finish()
+        except Exception as exc:            # the store failed (locked, disk full): the run ends here
+            log.exception("qatlab: run %s: keeping its rows or result failed", self.id)
+            from ..runs import failure_message
+            with self._lock:
+                self.status, self.message = "failed", failure_message(exc)
+        finally:
+            self._ended.set()
+            self._cleanup()
+
+    def _finish(self) -> None:
+        from ..runs import RunResult, failure_message
+        fut = self._future
+        out = None
+        if fut.cancelled():
+            status, message = "stopped", "stopped before it started"
+        elif fut.status == "error":
+            exc = fut.exception()
+            self.error = exc
+            status, message = "failed", self._failure(exc, failure_message)
+            self._await_rows(None)
+        else:
+            out = fut.result()
+            self._await_rows(out["rows"])
+            status, message = out["status"], out["message"]
+            self.worker = self.worker or out["worker"]
+        result = RunResult(history=self.log.columns(), final=dict(out["final"]) if out else {},
+                           model=out["model"] if out else None, status=status, message=message,
+                           config=self.config.to_dict())
+        self._flush()
+        with self._lock:
+            self._store.finish(self.id, result)
+            self._result, self.status, self.message = result, status, message
+
+    @staticmethod
+    def _failure(exc: BaseException, failure_message) -> str:
+        from distributed.scheduler import KilledWorker
+        if isinstance(exc, KilledWorker):
+            return "worker lost: the worker training the run died (runs are never retried)"
+        if isinstance(exc, WorkerLost):
+            return str(exc)
+        return failure_message(exc)
+
+    def _await_rows(self, expected: int | None) -> None:
+        """Wait (briefly) for rows still on their way; then take any the scheduler still holds."""
+        deadline = time.monotonic() + ROWS_WAIT_SECONDS
+        while expected is not None and self._received < expected and time.monotonic() < deadline:
+            self._wake.wait(WAKE_SECONDS)
+            self._wake.clear()
+        if expected is None or self._received < expected:
+            try:
+                for event in self._client.get_events(topic(self.id)):
+                    self._on_event(event)
+            except Exception:       # the scheduler is gone: keep what arrived
+                log.warning("qatlab: run %s: could not fetch its missing rows from the scheduler", self.id)
+        if expected is not None and self._received < expected:
+            log.warning("qatlab: run %s: %d of %d rows arrived", self.id, self._received, expected)
+
+    def _cleanup(self) -> None:
+        """Forget the run on the scheduler: topic, its stored events, Variables, the task's result."""
+        _active.discard(self)
+        client, run_id = self._client, self.id
+        from distributed import Variable
+        for step in (lambda: client.unsubscribe_topic(topic(run_id)),
+                     lambda: client.run_on_scheduler(forget_topic, name=topic(run_id)),
+                     self._control.delete,
+                     lambda: Variable(claim_name(run_id), client=client).delete(),
+                     self._future.release):
+            try:
+                step()
+            except Exception:       # a closed client or scheduler: nothing left to forget
+                pass
+
+
+def _stop_active() -> None:
+    """At shutdown: stop this process's runs that are not keep_alive and wait for their results."""
+    runs = [run for run in active_runs() if not run.keep_alive]
+    for run in runs:
+        run.stop()
+    deadline = time.monotonic() + SHUTDOWN_JOIN_SECONDS
+    for run in runs:
+        run.join(max(0.0, deadline - time.monotonic()))
+
+
+cluster._before_shutdown.append(_stop_active)

@@ -1,0 +1,164 @@
+"""The task a Dask worker runs: one experiment, its rows sent back as it trains.
+
+:func:`run_on_worker` trains with :func:`qatlab.train.experiment.train_experiment`, the in-process
+trainer, so a run's history is the one ``ql.run_experiment`` gives. Rows leave in batches through
+``Worker.log_event`` on the run's topic (:func:`topic`), each batch numbered by its first row, so
+the client orders them and notices a gap; nothing goes through a shared disk. The client's
+requests (``"run"``, ``"pause"``, ``"stop"``) sit in a ``distributed.Variable`` (:func:`control_name`)
+that a thread polls every :data:`POLL_SECONDS`; the trainer's ``report`` callback reads only a
+local flag, so a step never waits for the scheduler.
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+
+from ..metrics import MetricsLog
+
+#: A batch of rows leaves at most this often (and at the end): live views see rows within ~0.3 s.
+SEND_SECONDS = 0.25
+#: The control Variable is read this often.
+POLL_SECONDS = 0.1
+CONTROL_STATES = ("run", "pause", "stop")
+
+
+class WorkerLost(RuntimeError):
+    """The run was started again after the worker that trained it died (never retried)."""
+
+
+def topic(run_id: str) -> str:
+    return f"qatlab-rows-{run_id}"
+
+
+def control_name(run_id: str) -> str:
+    return f"qatlab-control-{run_id}"
+
+
+def claim_name(run_id: str) -> str:
+    return f"qatlab-claim-{run_id}"
+
+
+class _RowLog(MetricsLog):
+    """The trainer's MetricsLog, also queueing each row as plain Python numbers (msgpack-ready)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pending: list[dict] = []
+
+    def append(self, row: dict) -> None:
+        super().append(row)
+        self.pending.append({k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()})
+
+
+class _Sender:
+    """Sends the queued rows with the progress as one event; ``sent`` counts the rows sent."""
+
+    def __init__(self, worker, run_topic: str):
+        self.worker, self.topic = worker, run_topic
+        self.sent, self.last = 0, -math.inf
+        self.done = self.total = 0
+
+    def event(self, msg: dict) -> None:
+        self.worker.log_event(self.topic, msg)
+
+    def send(self, log: _RowLog, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last < SEND_SECONDS:
+            return
+        rows, log.pending = log.pending, []
+        self.event({"kind": "rows", "seq": self.sent, "rows": rows, "done": self.done, "total": self.total})
+        self.sent += len(rows)
+        self.last = now
+
+
+class _Control:
+    """The client's latest request for the run, polled from its Variable on a daemon thread."""
+
+    def __init__(self, variable):
+        self.variable = variable
+        self.state = self._read(timeout=30)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="qatlab-control", daemon=True)
+        self._thread.start()
+
+    def _read(self, timeout: float) -> str:
+        state = self.variable.get(timeout=timeout)
+        return state if state in CONTROL_STATES else "run"
+
+    def _poll(self) -> None:
+        while not self._closed.wait(POLL_SECONDS):
+            try:
+                self.state = self._read(timeout=5)
+            except Exception:       # scheduler briefly unreachable: keep the last request
+                pass
+
+    def proceed(self) -> bool:
+        """Blocks while paused; False once a stop was requested."""
+        while self.state == "pause" and not self._closed.is_set():
+            time.sleep(POLL_SECONDS / 2)
+        return self.state != "stop"
+
+    def close(self) -> None:
+        self._closed.set()
+
+
+def check_data_here(data_cfg, where: str) -> None:
+    """ValueError naming a data path that does not exist on this machine (the worker's disk)."""
+    path = data_cfg.path
+    if data_cfg.dataset == "file" and not os.path.isfile(path):
+        raise ValueError(f"data.path: {path!r} is not a file on worker {where}; a run's data file must exist "
+                         "on the worker that trains it (copy it there or use a shipped dataset)")
+    if data_cfg.dataset == "fashion_mnist" and path and not os.path.isdir(path):
+        raise ValueError(f"data.path: {path!r} is not a directory on worker {where}; the Fashion-MNIST files "
+                         "must exist on the worker that trains the run")
+
+
+def _claim(client, run_id: str, address: str) -> None:
+    """Mark the run as started here; WorkerLost if it was started before (its worker died)."""
+    from distributed import Variable
+    claim = Variable(claim_name(run_id), client=client)
+    before = claim.get(timeout=30)
+    if before:
+        raise WorkerLost(f"worker lost: the run started on {before}, which died; it is not run twice")
+    claim.set(address)
+
+
+def run_on_worker(config: dict, run_id: str) -> dict:
+    """Train ``config`` (an ExperimentConfig dict) as run ``run_id``; returns its end:
+    ``{"status", "message", "final", "rows" (rows sent), "model", "meta", "worker"}``."""
+    from distributed import Variable, get_client, get_worker
+
+    from ..config import ExperimentConfig
+    from ..train.experiment import train_experiment
+    worker, client = get_worker(), get_client()
+    cfg = ExperimentConfig.from_dict(config)
+    cfg.validate()
+    _claim(client, run_id, worker.address)
+    check_data_here(cfg.data, worker.address)
+    log, sender = _RowLog(), _Sender(worker, topic(run_id))
+    sender.event({"kind": "start", "worker": worker.address, "pid": os.getpid(), "host": socket.gethostname()})
+    control = _Control(Variable(control_name(run_id), client=client))
+
+    def report(done: int, total: int) -> bool:
+        sender.done, sender.total = done, total
+        sender.send(log)
+        return control.proceed()
+
+    try:
+        result = train_experiment(cfg, log, report=report)
+    finally:
+        control.close()
+        sender.send(log, force=True)      # the last rows (also those before an exception)
+    return {"status": result.status, "message": result.message, "final": result.final, "rows": sender.sent,
+            "model": result.model, "meta": log.meta, "worker": worker.address}
+
+
+def forget_topic(dask_scheduler, name: str) -> None:
+    """Drop a finished run's events from the scheduler's memory (run with ``Client.run_on_scheduler``;
+    Dask has no public call for it, so the client treats a failure here as harmless)."""
+    dask_scheduler._broker.truncate(name)
