@@ -6,8 +6,8 @@ the field shows why (its label and allowed range) and the config keeps its value
 edit the whole config's ``validate()`` runs too; a rule it breaks shows under the field it names
 (``ModelConfig.hidden[0]: ...``) or, naming none, in the alert ``qatlab-config-error``. While
 anything is invalid, ``Start`` and ``Compare STE kinds`` are disabled and the alert lists why.
-A press of either runs its handler once: presses that arrive while it runs or within
-:data:`DEBOUNCE_S` after it (a double click) are dropped.
+A press of either runs its handler once: presses within :data:`DEBOUNCE_S` of it or queued
+while it ran (a double click) are dropped.
 
 Fields are built from each sub-config's Params in declaration order (new Params show up by
 themselves) and shown only when they apply (a field hidden while it holds an invalid text shows
@@ -33,7 +33,8 @@ from ..config import ExperimentConfig
 from .data_source import DataFileChooser
 from .fields import Field, short_error, supported
 
-DEBOUNCE_S = 0.8
+DEBOUNCE_S = 0.5      # a second press this soon after the first is part of a double click
+QUEUED_S = 0.2
 
 # (config attribute, card title, collapsed?)
 SECTIONS = [("data", "Dataset", False), ("model", "Model", False), ("quant", "Quantization", False),
@@ -219,13 +220,14 @@ class ConfigPanel(pn.viewable.Viewer):
     def _debounced(self, handler):
         """Click handler running ``handler`` once per press (not while one runs, not within DEBOUNCE_S after)."""
         def click(_event):
-            if time.monotonic() < self._quiet_until:
+            pressed = time.monotonic()
+            if pressed < self._quiet_until:
                 return
             self._quiet_until = math.inf
             try:
                 handler()
-            finally:
-                self._quiet_until = time.monotonic() + DEBOUNCE_S
+            finally:   # a click queued while the handler ran arrives right after it: QUEUED_S covers it
+                self._quiet_until = max(pressed + DEBOUNCE_S, time.monotonic() + QUEUED_S)
         return click
 
     def validated(self) -> ExperimentConfig | None:

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import panel as pn
+import param
 
 from .. import data as qdata
 from .fields import Checked, short_error
@@ -34,6 +35,35 @@ NONE = "(none)"
 
 def _mb(n: int) -> str:
     return f"{n / 2**20:.1f} MB"
+
+
+class UploadGuard(pn.custom.JSComponent):
+    """Refuses a file over ``limit`` bytes in the browser, before it is read and sent (a message that
+    large would close the page's websocket): a capturing ``input`` listener empties the file input and
+    reports ``"<name>|<bytes>|<time>"`` in ``refused``."""
+
+    limit = param.Integer(default=0)
+    refused = param.String(default="")
+
+    _esm = """
+    export function render({ model }) {
+      window.__qatlab_upload_guard = model;
+      if (!window.__qatlab_upload_listener) {
+        window.__qatlab_upload_listener = true;
+        window.addEventListener("input", (event) => {
+          const el = event.composedPath()[0];
+          const guard = window.__qatlab_upload_guard;
+          if (!guard || !el || el.type !== "file" || !el.files) return;
+          const big = Array.from(el.files).find((f) => f.size > guard.limit);
+          if (big) {
+            el.value = "";
+            guard.refused = `${big.name}|${big.size}|${Date.now()}`;
+          }
+        }, true);
+      }
+      return document.createElement("span");
+    }
+    """
 
 
 class DataFileChooser(Checked):
@@ -58,6 +88,8 @@ class DataFileChooser(Checked):
         self.upload = pn.widgets.FileInput(accept=ACCEPT, multiple=False, sizing_mode="stretch_width",
                                            label="Upload data", css_classes=["qatlab-upload"])
         self.upload.param.watch(self._on_upload, "value")
+        self.guard = UploadGuard(limit=UPLOAD_MAX_BYTES, height=0, width=0, margin=0)
+        self.guard.param.watch(self._on_refused, "refused")
         names = self._listing()
         self.choice = pn.widgets.Select(label="Server data directory", options=[NONE, *names], value=NONE,
                                         visible=self.data_dir is not None, sizing_mode="stretch_width")
@@ -66,7 +98,7 @@ class DataFileChooser(Checked):
         hint = (f"Upload a .npz (X, y[, X_test, y_test]) or a .csv (label last), up to {_mb(UPLOAD_MAX_BYTES)}"
                 + (", or choose a file the server offers." if self.data_dir else "."))
         self.box = pn.Column(pn.pane.HTML(f"<small>{hint}</small>", margin=(0, 10)), self.upload, self.choice,
-                             self.using, sizing_mode="stretch_width", margin=0)
+                             self.using, self.guard, sizing_mode="stretch_width", margin=0)
         self.views = [self.box, self.message]
         self._show_using()
 
@@ -106,6 +138,12 @@ class DataFileChooser(Checked):
             self._refuse(f"{self.label}: the server could not save {name}")
             return
         self._use(path, f"upload {name}")
+
+    def _on_refused(self, event) -> None:
+        name, size, _ = (event.new.rsplit("|", 2) + ["", ""])[:3]
+        size = int(size) if size.isdigit() else 0
+        self._refuse(f"{self.label}: {os.path.basename(name)} is {_mb(size)}; uploads up to "
+                     f"{_mb(UPLOAD_MAX_BYTES)} are accepted")
 
     def _on_choice(self, event) -> None:
         if event.new == NONE:

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from qatlab.bench_dashboard import _JS_TEXT, ROOT, AppServer, DashboardPage
+from qatlab.ui.config_panel import DEBOUNCE_S
 
 pytestmark = pytest.mark.browser
 
@@ -300,6 +301,12 @@ def test_uploaded_npz_trains_and_a_bad_file_shows_no_contents(dash, app_server, 
     dash.select("Dataset", "file")
     _wait_for(lambda: _start_enabled(dash, False), 10, "Start disabled while no file is chosen")
     files = dash.page.locator("input[type=file]")
+    big = tmp_path / "big.npz"              # over the cap: refused in the browser, never sent
+    with open(big, "wb") as f:
+        f.truncate(21 * 2**20)
+    files.set_input_files(str(big))
+    _wait_for(lambda: any(e.startswith("Data file: big.npz is 21.0 MB; uploads up to 20.0 MB") for e in field_errors(dash)),
+              15, "the oversized upload refused")
     secret = tmp_path / "passwd.csv"
     secret.write_text("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n")
     files.set_input_files(str(secret))
@@ -314,6 +321,7 @@ def test_uploaded_npz_trains_and_a_bad_file_shows_no_contents(dash, app_server, 
     assert str(tmp_path) not in dash.body_text()
     dash.set_input("Epochs", 3)
     before = _run_ids(app_server)
+    time.sleep(DEBOUNCE_S)
     dash.click("Start")
     run = _one_new_run(app_server, before)
     assert run["status"] == "finished", run["message"]
@@ -327,6 +335,7 @@ def test_a_file_of_the_servers_data_directory_trains(dash, app_server):
     _wait_for(lambda: "Using server file served.npz" in dash.text_of(".qatlab-data-file"), 15, "the server file in use")
     _wait_for(lambda: _start_enabled(dash, True), 10, "Start enabled")
     before = _run_ids(app_server)
+    time.sleep(DEBOUNCE_S)       # the previous test's Start may be that recent: not a double click
     dash.click("Start")
     run = _one_new_run(app_server, before)
     assert run["status"] == "finished", run["message"]
