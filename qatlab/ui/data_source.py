@@ -4,7 +4,8 @@ The page never takes a typed server path. An upload (``FileInput``; .npz / .csv 
 most :data:`UPLOAD_MAX_BYTES`, the data layer's cap) is saved by :func:`qatlab.data.save_upload` into a directory of
 this page; a file of the directory the server was started with (``QATLAB_DATA_DIR``) is chosen
 from a list and resolved by :func:`qatlab.data.resolve_data_file` (which refuses names that leave
-it). Either sets ``DataConfig.path``. The page shows only the file's name, and an error shows only
+it). Either sets ``DataConfig.path``. A file over the cap is refused in the browser before it is read
+(:class:`UploadGuard`), since a message larger than the websocket's limit would close the page. The page shows only the file's name, and an error shows only
 the data layer's own one-line message (never file contents, never a server path).
 """
 from __future__ import annotations
