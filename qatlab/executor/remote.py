@@ -105,10 +105,11 @@ class RemoteRun:
         client: a ``distributed.Client`` (default: :func:`~qatlab.executor.connect`).
         keep_alive: the run goes on when this process shuts the executor down (else it is stopped).
         owner: the store's owner of the run: None (this process), a page id, or a dict.
+        sweep_id, point: the sweep the run belongs to and its point (kept in the store; see qatlab.sweep).
     """
 
     def __init__(self, config: ExperimentConfig, name: str | None = None, store=None, client=None,
-                 keep_alive: bool = False, owner=None):
+                 keep_alive: bool = False, owner=None, sweep_id: str | None = None, point: dict | None = None):
         from ..runs import checked_name
         from ..store import RunStore
         if not isinstance(config, ExperimentConfig):
@@ -123,6 +124,7 @@ class RemoteRun:
         self.config = config.copy()
         self.name = None if name is None else checked_name(name)
         self.keep_alive, self.owner = keep_alive, owner
+        self.sweep_id, self.point = sweep_id, point
         self.id: str | None = None          # the store's run id, from start()
         self.log = MetricsLog()
         self.status, self.message = "created", ""
@@ -159,7 +161,8 @@ class RemoteRun:
             check_resources(self.config)
             store = self._store = self._store if self._store is not None else _store()
             client = self._client = self._client if self._client is not None else cluster.connect()
-            run_id = store.create_run(self.config, name=self.name, owner=self.owner)
+            run_id = store.create_run(self.config, name=self.name, owner=self.owner, sweep_id=self.sweep_id,
+                                      point=self.point)
         except BaseException:
             self.id = None
             raise
