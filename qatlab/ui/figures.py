@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from bokeh.models import (CDSView, ColumnDataSource, CustomJS, DataRange1d, GroupFilter, HoverTool, Legend,
+from bokeh.models import (CDSView, ColumnDataSource, CustomJS, GroupFilter, HoverTool, Legend,
                           LegendItem, Range1d, Span)
 from bokeh.models.glyphs import Line, Scatter, Step, VStrip
 from bokeh.palettes import Category10_10
@@ -43,6 +43,22 @@ STE_COLORS = {
     SteKind.TANH.value: "#2ca02c",
     SteKind.HARD_TANH.value: "#d62728",
 }
+
+#: Line dash and width per SteKind, widest first in drawing order: the four curves of a comparison
+#: often coincide, and each stays visible on top of the others.
+STE_LINES = {
+    SteKind.IDENTITY.value: ("solid", 4.0),
+    SteKind.CLIPPED_IDENTITY.value: ("dashed", 3.0),
+    SteKind.TANH.value: ("dotted", 2.5),
+    SteKind.HARD_TANH.value: ("dotdash", 2.0),
+}
+
+
+def ste_line(kind: str) -> dict:
+    """``add_line`` keywords (color, dash, width) of an STE kind's curve."""
+    dash, width = STE_LINES.get(kind, ("solid", 2.0))
+    return {"color": STE_COLORS.get(kind, "#333333"), "dash": dash, "width": width}
+
 
 #: Phase codes written by the phase trainer into the ``phase`` column.
 PHASE_NAMES = {0: "WARMUP", 1: "FULL", 2: "PREDICT", 3: "CORRECT"}
@@ -78,7 +94,7 @@ def shared_x_range() -> Range1d:
 
 
 def line_figure(title: str, y_label: str, *, name: str, x_field: str = "step", x_range=None,
-                y_log: bool = False, height: int = 240, y_range=None) -> figure:
+                y_log: bool = False, height: int = 240, y_range=None, toolbar_location: str = "above") -> figure:
     """A stretch-width time-series figure.
 
     Args:
@@ -90,9 +106,11 @@ def line_figure(title: str, y_label: str, *, name: str, x_field: str = "step", x
         y_log: logarithmic y axis (values <= 0 are simply not drawn).
         y_range: optional fixed y range, e.g. ``Range1d(0, 1)`` for fractions; by default an auto
             range that the view's :class:`~qatlab.ui.ranges.RangeFitter` fits to the data.
+        toolbar_location: ``"above"`` shares the title's row (keep titles short); ``"right"`` for
+            narrow figures, where the toolbar would cover the title.
     """
     fig = figure(title=title, name=name, height=height, sizing_mode="stretch_width", tools=TOOLS,
-                 toolbar_location="above", x_range=x_range if x_range is not None else shared_x_range(),
+                 toolbar_location=toolbar_location, x_range=x_range if x_range is not None else shared_x_range(),
                  y_axis_type="log" if y_log else "linear", output_backend="canvas",
                  y_range=y_range if y_range is not None else auto_range(y_log))
     fig.xaxis.axis_label = X_LABELS.get(x_field, x_field)
@@ -203,8 +221,9 @@ def add_hover(fig, renderer, tooltips: list[tuple[str, str]]):
     fig.add_tools(HoverTool(renderers=[renderer], tooltips=tooltips, mode="vline"))
 
 
-def finish(fig, legend: bool = True, location: str = "top_right"):
-    """Build the figure's legend from the registered entries: click an entry to hide its renderers."""
+def finish(fig, legend: bool = True, location: str = "top_right", outside: bool = False):
+    """Build the figure's legend from the registered entries: click an entry to hide its renderers.
+    ``outside``: to the right of the plot area (for plots whose whole area carries data)."""
     entries = _LEGEND.pop(fig.id, [])
     if not legend or not entries:
         return fig
@@ -213,22 +232,48 @@ def finish(fig, legend: bool = True, location: str = "top_right"):
         proxy = _proxy(fig, renderers[0])
         proxy.js_on_change("visible", CustomJS(args={"ids": [r.id for r in renderers]}, code=_TOGGLE_CODE))
         items.append(LegendItem(label=label, renderers=[proxy]))
-    fig.add_layout(Legend(items=items, click_policy="hide", location=location, background_fill_alpha=0.6,
-                          label_text_font_size="11px", spacing=0, padding=4, margin=4, glyph_height=14,
-                          glyph_width=18, label_height=14))
+    legend = Legend(items=items, click_policy="hide", location="top_left" if outside else location,
+                    background_fill_alpha=0.6, label_text_font_size="11px", spacing=0, padding=4, margin=4,
+                    glyph_height=14, glyph_width=18, label_height=14)
+    fig.add_layout(legend, "right" if outside else "center")
     return fig
 
 
 def histogram_figure(title: str, source, *, name: str, renderer_name: str, color: str,
                      height: int = 200, x_label: str = "weight", x_range=None):
-    """A histogram drawn from a source with columns left, right, count (pass ``x_range`` to link x axes)."""
+    """A histogram drawn from a source with columns left, right, count (pass ``x_range`` to link x axes).
+
+    Its ranges are plain ``Range1d`` (x: ``x_range`` or -1..1, y: 0..1) that the view sets with
+    :func:`fit_histogram`: a ``DataRange1d`` over a still empty source makes Bokeh warn in the
+    browser console ("could not set initial ranges")."""
     fig = figure(title=title, name=name, height=height, sizing_mode="stretch_width", tools=TOOLS,
-                 toolbar_location="above", x_range=x_range if x_range is not None else DataRange1d())
+                 toolbar_location="above", x_range=x_range if x_range is not None else Range1d(-1.0, 1.0),
+                 y_range=Range1d(0.0, 1.0))
     fig.toolbar.logo = None
     fig.quad(left="left", right="right", bottom=0, top="count", source=source, fill_color=color,
              line_color=color, fill_alpha=0.55, name=renderer_name)
     fig.xaxis.axis_label = x_label
     fig.yaxis.axis_label = "count"
-    fig.y_range.start = 0
     style_text(fig)
     return fig
+
+
+def fit_histogram(fig, bars: dict, x_bars: list[dict], fitted: dict) -> None:
+    """Set a histogram's ranges: y to 0 .. its highest bar (+5%), x to the extent of ``x_bars`` (the
+    bars of every figure sharing its x range; +2%). A range the user zoomed or panned (it differs
+    from what was set last, kept in ``fitted`` by range id) is left alone."""
+    lefts = [float(b["left"].min()) for b in x_bars if len(b["left"])]
+    if lefts:
+        lo, hi = min(lefts), max(float(b["right"].max()) for b in x_bars if len(b["right"]))
+        pad = 0.02 * (hi - lo) if hi > lo else 1.0
+        _set_range(fig.x_range, lo - pad, hi + pad, fitted)
+    if len(bars["count"]):
+        _set_range(fig.y_range, 0.0, float(bars["count"].max()) * 1.05 or 1.0, fitted)
+
+
+def _set_range(rng: Range1d, start: float, end: float, fitted: dict) -> None:
+    last = fitted.get(rng.id)
+    if last is not None and (rng.start, rng.end) != last:
+        return
+    rng.update(start=start, end=end, reset_start=start, reset_end=end)
+    fitted[rng.id] = (rng.start, rng.end)

@@ -6,6 +6,9 @@ Figures (x linked), from the run's ``train-source-<run id>`` / ``phase-source-<r
   code as a step line ``phase-code-<run id>`` (0 WARMUP, 1 FULL, 2 PREDICT, 3 CORRECT);
 - ``fig-phase-backward``: ``backward-passes-<run id>`` against the ``steps-<run id>``
   diagonal (a full-backprop run would follow it; the gap is what was saved);
+
+Titles stay short and the three narrow figures keep their toolbar on the right, so neither covers
+a title; the timeline's legend sits outside its plot area, which the bands fill.
 - ``fig-phase-pred``: ``pred-error-<run id>`` and ``pred-cosine-<run id>`` (markers: the
   values exist on CORRECT steps only) and the learned gain applied to predictions,
   ``pred-gain-<run id>`` (a step line);
@@ -48,7 +51,9 @@ class PhaseView(LiveView):
         p = run.config.phase
         self.intro.object = (f"**{run.name}** · predictor **{p.predictor}** · warmup {p.warmup_steps}, "
                              f"FULL {p.full_steps}, predict block {p.predict_steps}, CORRECT every "
-                             f"{p.correct_every}" + (" · adaptive lengths" if p.adaptive_phases else ""))
+                             f"{p.correct_every}" + (" · adaptive lengths" if p.adaptive_phases else "")
+                             + "<br>*Backward passes*: the gap to the dashed diagonal (one pass per step, as "
+                             "full backprop does) is what phase training saved.")
         rs = self.hub.stream(run)
         x, xr, rid = self.x_field, F.shared_x_range(), run.id
 
@@ -58,18 +63,18 @@ class PhaseView(LiveView):
         F.add_step(tl, rs.train, x, "phase", color="#333333", width=1, name=f"phase-code-{rid}")
         tl.yaxis.ticker = [0, 1, 2, 3]
         tl.yaxis.major_label_overrides = {k: v for k, v in F.PHASE_NAMES.items()}
-        F.finish(tl, location="top_left")
+        F.finish(tl, outside=True)
 
-        bw = F.line_figure("Backward passes (gap to the diagonal = saved)", "count", name="fig-phase-backward",
-                           x_field=x, x_range=xr)
+        narrow = dict(x_field=x, x_range=xr, toolbar_location="right")   # three to a row
+        bw = F.line_figure("Backward passes", "count", name="fig-phase-backward", **narrow)
         F.add_line(bw, rs.train, x, "step", color="#7f7f7f", dash="dashed", width=1, name=f"steps-{rid}",
                    label="steps (full backprop)")
         F.add_line(bw, rs.train, x, "backward_passes", color="#1f77b4", name=f"backward-passes-{rid}",
                    label="backward passes")
         F.finish(bw, location="top_left")
 
-        pred = F.line_figure("Gradient prediction on CORRECT steps", "value", name="fig-phase-pred", x_field=x,
-                             x_range=xr, y_log=self.options.log_y)
+        pred = F.line_figure("Prediction on CORRECT steps", "value", name="fig-phase-pred",
+                             y_log=self.options.log_y, **narrow)
         F.add_points(pred, rs.train, x, "pred_error", color="#d62728", name=f"pred-error-{rid}",
                      label="relative error")
         F.add_points(pred, rs.train, x, "pred_cosine", color="#2ca02c", name=f"pred-cosine-{rid}",
@@ -78,7 +83,7 @@ class PhaseView(LiveView):
                    label="gain applied")
         F.finish(pred)
 
-        lens = F.line_figure("Adaptive phase lengths", "steps", name="fig-phase-lengths", x_field=x, x_range=xr)
+        lens = F.line_figure("Adaptive phase lengths", "steps", name="fig-phase-lengths", **narrow)
         F.add_step(lens, rs.train, x, "full_len", color=F.PHASE_COLORS[1], label="FULL length",
                    name=f"full-len-{rid}")
         F.add_step(lens, rs.train, x, "predict_len", color=F.PHASE_COLORS[2], label="predict length",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import panel as pn
 import param
-from bokeh.models import ColumnDataSource, DataRange1d
+from bokeh.models import ColumnDataSource, Range1d
 
 from ..runs import Run
 from . import figures as F
@@ -64,6 +64,16 @@ def level_bars(w: np.ndarray, max_levels: int = MAX_LEVELS) -> dict:
     return {"left": values - width / 2, "right": values + width / 2, "count": counts.astype(np.float64)}
 
 
+def describe_quant(q) -> str:
+    """One line of what a QuantConfig quantizes: weights (bits, STE) and activations (bits, STE)."""
+    weights = f"weights: **{q.weights}**" + (f" ({q.weight_bits} bit)" if q.weights == "fake" else "")
+    if q.weights != "float":
+        weights += f", STE **{q.ste}**"
+    if q.activations == "off":
+        return weights + " · activations: **not quantized**"
+    return weights + f" · activations: **{q.activations}** ({q.activation_bits} bit), STE **{q.activation_ste}**"
+
+
 class QuantView(LiveView):
     """Per-layer weight histograms (live) and quantizer statistics over time for one run."""
 
@@ -74,6 +84,7 @@ class QuantView(LiveView):
         self.figures: dict = {}
         self.hist_sources: dict[str, ColumnDataSource] = {}
         self._snapshot = None
+        self._fitted: dict = {}       # histogram range id -> (start, end) set last (a user zoom differs)
         self.intro = pn.pane.Markdown("No run yet: press **Start** to see its weights.", margin=(5, 10))
         self._plots = pn.Column(sizing_mode="stretch_width")
         self._layout = pn.Column(self.intro, self._plots, sizing_mode="stretch_width")
@@ -81,15 +92,12 @@ class QuantView(LiveView):
 
     def rebuild(self) -> None:
         """(Re)create histogram and time-series figures for the current run."""
-        self.figures, self.hist_sources, self._snapshot = {}, {}, None
+        self.figures, self.hist_sources, self._snapshot, self._fitted = {}, {}, None, {}
         run = self.run
         if run is None:
             self._plots.objects = []
             return
-        q = run.config.quant
-        self.intro.object = (f"**{run.name}** · weights: **{q.weights}**"
-                             + (f" ({q.weight_bits} bit)" if q.weights == "fake" else "")
-                             + f" · STE: **{q.ste}** · histograms refresh about twice a second.")
+        self.intro.object = f"**{run.name}** · {describe_quant(run.config.quant)} · histograms refresh about twice a second."
         rs = self.hub.stream(run)
         x, xr, rid = self.x_field, F.shared_x_range(), run.id
         n = n_layers_of(run.config)
@@ -97,7 +105,7 @@ class QuantView(LiveView):
         for i in range(n):
             lat = self.hist_sources[f"latent-{i}"] = ColumnDataSource(dict(_EMPTY), name=f"hist-latent-layer{i}")
             qnt = self.hist_sources[f"quant-{i}"] = ColumnDataSource(dict(_EMPTY), name=f"hist-quant-layer{i}")
-            hx = DataRange1d()  # latent and quantized W of a layer share the x axis
+            hx = Range1d(-1.0, 1.0)  # latent and quantized W of a layer share the x axis (set in refresh)
             f1 = F.histogram_figure(f"Layer {i} · latent W", lat, name=f"fig-hist-latent-{i}",
                                     renderer_name=f"hist-latent-{i}", color="#1f77b4", x_range=hx)
             f2 = F.histogram_figure(f"Layer {i} · quantized W", qnt, name=f"fig-hist-quant-{i}",
@@ -145,8 +153,11 @@ class QuantView(LiveView):
             if pair is None or f"latent-{i}" not in self.hist_sources:
                 continue
             latent, quantized = pair
-            self.hist_sources[f"latent-{i}"].data = histogram(latent)
-            self.hist_sources[f"quant-{i}"].data = level_bars(quantized)
+            lat, qnt = histogram(latent), level_bars(quantized)
+            self.hist_sources[f"latent-{i}"].data = lat
+            self.hist_sources[f"quant-{i}"].data = qnt
+            F.fit_histogram(self.figures[f"hist-latent-{i}"], lat, [lat, qnt], self._fitted)
+            F.fit_histogram(self.figures[f"hist-quant-{i}"], qnt, [lat, qnt], self._fitted)
 
     def shown_runs(self) -> list:
         return [self.run] if self.run is not None else []

@@ -129,15 +129,14 @@ class SteCompareView(LiveView):
         loss = F.line_figure("Train loss (EMA) per STE", "loss", name="fig-ste-loss", x_field=x, x_range=xr,
                              y_log=y_log, height=280)
         for kind, rs in streams.items():
-            F.add_line(loss, rs.loss, x, "loss_s", color=F.STE_COLORS.get(kind, "#333333"),
-                       name=f"ste-loss-{rs.run.id}", label=kind)
+            F.add_line(loss, rs.loss, x, "loss_s", **F.ste_line(kind), name=f"ste-loss-{rs.run.id}", label=kind)
         F.finish(loss)
         yield
         acc = F.line_figure("Test accuracy per STE", "accuracy", name="fig-ste-accuracy", x_field=x, x_range=xr,
                             y_range=F.fraction_range(), height=280)
         for kind, rs in streams.items():
-            color = F.STE_COLORS.get(kind, "#333333")
-            F.add_line(acc, rs.eval, x, "test_accuracy", color=color, name=f"ste-accuracy-{rs.run.id}", label=kind)
+            F.add_line(acc, rs.eval, x, "test_accuracy", **F.ste_line(kind), name=f"ste-accuracy-{rs.run.id}",
+                       label=kind)
         F.finish(acc, location="bottom_right")
         yield
 
