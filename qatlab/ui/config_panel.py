@@ -188,6 +188,8 @@ class ConfigPanel(pn.viewable.Viewer):
         named = self._part_named(rule) if rule else None
         for part in self._parts():
             part.set_rule_error(f"{part.label}: {rule}" if part is named else None)
+        if named is not None and not named.visible:
+            named.visible = True      # e.g. per_channel still on after weights left 'fake': show it to fix it
         self.problems = own + ([rule] if rule else [])
         self.start_button.disabled = self.compare_button.disabled = bool(self.problems)
         if self.problems:

@@ -188,6 +188,18 @@ def test_a_field_hidden_while_invalid_shows_the_configs_value_again():
     assert not panel.start_button.disabled and panel.config.optim.momentum == 0.9
 
 
+def test_a_hidden_field_a_rule_names_is_shown_to_be_fixed():
+    panel = ConfigPanel()
+    panel.config.quant.weights = "fake"
+    panel.fields["quant.per_channel"].widget.value = True
+    panel.fields["quant.weights"].widget.value = "ternary"      # per_channel applies to fake weights only
+    field = panel.fields["quant.per_channel"]
+    assert field.visible and field.rule_error.startswith("Per channel: QuantConfig.per_channel")
+    assert panel.start_button.disabled
+    field.widget.value = False
+    assert not field.visible and not panel.problems and not panel.start_button.disabled
+
+
 def test_doc_rule_is_generic():
     class Arch(param.Parameterized):
         architecture = param.Selector(default="mlp", objects=["mlp", "cnn"])
