@@ -1,0 +1,92 @@
+"""A cluster started from the ``dask scheduler`` / ``dask worker`` command lines, reached with ql.connect(address)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import qatlab as ql
+from qatlab.executor import RemoteRun
+
+DASK = Path(sys.executable).with_name("dask")
+JOIN = 300.0
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.1)
+    return value
+
+
+def _address(path: Path):
+    try:
+        return json.loads(path.read_text())["address"]
+    except (OSError, ValueError, KeyError):   # not written yet, or half written
+        return None
+
+
+def _end(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture
+def cli_cluster(tmp_path):
+    """(scheduler address, log dir) of a scheduler and one 1-thread worker started as commands."""
+    scheduler_file = tmp_path / "scheduler.json"
+    env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}
+    procs = []
+    try:
+        with open(tmp_path / "scheduler.log", "w") as out:
+            procs.append(subprocess.Popen([str(DASK), "scheduler", "--host", "127.0.0.1", "--port", "0",
+                                           "--no-dashboard", "--scheduler-file", str(scheduler_file)],
+                                          env=env, stdout=out, stderr=subprocess.STDOUT))
+
+        def ready():
+            if procs[0].poll() is not None:
+                pytest.fail(f"dask scheduler exited: {(tmp_path / 'scheduler.log').read_text()[-2000:]}")
+            return _address(scheduler_file)
+        address = _wait_for(ready, 120, "the scheduler file")
+        with open(tmp_path / "worker.log", "w") as out:
+            procs.append(subprocess.Popen([str(DASK), "worker", "--scheduler-file", str(scheduler_file),
+                                           "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard"],
+                                          env=env, stdout=out, stderr=subprocess.STDOUT))
+        yield address
+    finally:
+        ql.shutdown()
+        for proc in reversed(procs):
+            _end(proc)
+
+
+@pytest.mark.slow
+def test_run_on_a_cluster_started_from_the_command_line(cli_cluster, tmp_path, monkeypatch):
+    client = ql.connect(cli_cluster, warm=False)
+    monkeypatch.setenv("QATLAB_SCHEDULER", cli_cluster)
+    assert ql.connect() is client                      # the same cluster, the same client
+    client.wait_for_workers(1, timeout=120)
+    store = ql.RunStore(tmp_path / "runs.sqlite")
+    cfg = ql.ExperimentConfig()
+    cfg.optim.epochs = 20
+    run = RemoteRun(cfg, store=store, client=client).start()
+    assert run.join(JOIN) and run.status == "finished", run.message
+    ref = ql.run_experiment(cfg)
+    got = store.history(run.id)
+    for key, column in ref.history.items():
+        if key not in ("time", "steps_per_second"):
+            assert np.array_equal(got[key], column, equal_nan=True), key
+    assert store.get(run.id).worker == run.worker
+    store.close()

@@ -1,0 +1,246 @@
+"""The Dask executor: RemoteRun on LocalClusters of worker processes (rows, control, results, lost workers)."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import qatlab as ql
+from qatlab.executor import RemoteRun, WarmWorker, connect, local_cluster
+from qatlab.executor.worker import check_data_here
+
+TIME_COLUMNS = ("time", "steps_per_second")          # wall-clock columns: differ run to run
+TIME_FINALS = ("seconds", "steps_per_second", "train_seconds")
+JOIN = 300.0     # seconds a test waits for a run (the machine may be shared and busy)
+
+
+def wait_for(predicate, timeout: float, what: str, every: float = 0.05):
+    """Poll ``predicate`` until it returns a truthy value (returned) or fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def config(epochs: int = 40, seed: int = 0, hidden=(256,)) -> ql.ExperimentConfig:
+    cfg = ql.ExperimentConfig()
+    cfg.optim.epochs, cfg.optim.seed, cfg.model.hidden = epochs, seed, list(hidden)
+    return cfg
+
+
+def _cluster_client(n_workers: int):
+    from distributed import Client
+    cluster = local_cluster(n_workers)
+    client = Client(cluster, set_as_default=False, timeout="60s")
+    client.register_plugin(WarmWorker(warm=False))   # (warming every worker would load the shared CPU)
+    return cluster, client
+
+
+@pytest.fixture(scope="module")
+def client2():
+    cluster, client = _cluster_client(2)
+    yield client
+    client.close(timeout=30)
+    cluster.close(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def client4():
+    cluster, client = _cluster_client(4)
+    yield client
+    client.close(timeout=30)
+    cluster.close(timeout=30)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with ql.RunStore(tmp_path / "runs.sqlite") as s:
+        yield s
+
+
+def _stop_all(runs) -> None:
+    for run in runs:
+        run.stop()
+    for run in runs:
+        assert run.join(JOIN), f"{run} did not end after stop()"
+
+
+# ---------------------------------------------------------------------------------------- no cluster
+
+
+class _NoClient:
+    """A client that must not be used (the run is refused before anything is submitted)."""
+
+    def submit(self, *args, **kwargs):
+        raise AssertionError("submitted")
+
+
+def test_remote_run_refuses_bad_arguments(store):
+    with pytest.raises(TypeError, match="config"):
+        RemoteRun({"optim": {}})
+    with pytest.raises(TypeError, match="store"):
+        RemoteRun(config(), store="runs.sqlite")
+    with pytest.raises(TypeError, match="client"):
+        RemoteRun(config(), client="tcp://127.0.0.1:8786")
+    with pytest.raises(TypeError, match="keep_alive"):
+        RemoteRun(config(), keep_alive="yes")
+    with pytest.raises(ValueError, match="name"):
+        RemoteRun(config(), name="<b>")
+
+
+def test_stopped_before_start_never_submits(store):
+    run = RemoteRun(config(), store=store, client=_NoClient())
+    run.stop()
+    assert run.status == "stopped" and run.done and run.join(0)
+    assert run.start() is run and run.status == "stopped"
+    assert store.runs() == []
+
+
+def test_memory_estimate_refused_before_anything_is_created(store, monkeypatch):
+    monkeypatch.setenv("QATLAB_MEMORY_BUDGET", "1K")
+    run = RemoteRun(config(), store=store, client=_NoClient())
+    with pytest.raises(ValueError, match="over the budget"):
+        run.start()
+    assert store.runs() == [] and run.id is None and run.status == "created"
+
+
+def test_connect_refuses_bad_addresses(monkeypatch):
+    monkeypatch.delenv("QATLAB_SCHEDULER", raising=False)
+    with pytest.raises(ValueError, match="address"):
+        connect("127.0.0.1:8786")
+    with pytest.raises(ValueError, match="address"):
+        connect(8786)
+    with pytest.raises(ValueError, match="n_workers"):
+        connect("tcp://127.0.0.1:8786", n_workers=2)
+    with pytest.raises(ValueError, match="n_workers"):
+        local_cluster(0)
+    monkeypatch.setenv("QATLAB_SCHEDULER", "localhost")
+    with pytest.raises(ValueError, match="address"):
+        connect()
+
+
+def test_data_path_must_exist_on_the_worker(tmp_path):
+    missing = str(tmp_path / "nope.npz")
+    cfg = config()
+    cfg.data.dataset, cfg.data.path = "file", missing
+    with pytest.raises(ValueError, match="nope.npz.*worker tcp://w:1"):
+        check_data_here(cfg.data, "tcp://w:1")
+    cfg.data.dataset, cfg.data.path = "fashion_mnist", str(tmp_path / "none")
+    with pytest.raises(ValueError, match="none.*worker"):
+        check_data_here(cfg.data, "tcp://w:1")
+    check_data_here(config().data, "tcp://w:1")     # shipped data: nothing to check
+
+
+# ------------------------------------------------------------------------------- LocalCluster of 2
+
+
+@pytest.mark.slow
+def test_run_on_a_worker_streams_rows_and_matches_in_process(client2, store):
+    cfg = config(epochs=150)
+    assert all(client2.run(lambda: "qatlab" in sys.modules).values())     # WarmWorker imported it
+    run = RemoteRun(cfg, name="remote", store=store, client=client2).start()
+    assert run.id is not None and store.get(run.id).status in ("created", "running")
+    # rows reach this process and the store while the run trains
+    wait_for(lambda: store.get(run.id).n_rows > 0 and len(run.log) > 0, JOIN, "stored rows")
+    assert not run.done and store.get(run.id).status == "running"
+    assert run.join(JOIN) and run.status == "finished", run.message
+    record = store.get(run.id)
+    assert record.status == "finished" and record.worker == run.worker and run.worker.startswith("tcp://127.0.0.1")
+    assert record.n_rows == len(run.log) > 100
+    ref = ql.run_experiment(cfg)
+    got, stored = run.history(), store.history(run.id)
+    assert set(got) == set(ref.history)
+    for key, column in ref.history.items():
+        if key not in TIME_COLUMNS:
+            assert np.array_equal(got[key], column, equal_nan=True), key
+            assert np.array_equal(stored[key], column, equal_nan=True), key
+    result = run.result()
+    for key, value in ref.final.items():
+        if key not in TIME_FINALS:
+            assert result.final[key] == value or (np.isnan(value) and np.isnan(result.final[key])), key
+    assert record.final["test_accuracy"] == ref.final["test_accuracy"]
+    np.testing.assert_array_equal(result.model.flat_params(), ref.model.flat_params())
+    np.testing.assert_array_equal(store.load_model(run.id).flat_params(), ref.model.flat_params())
+
+
+@pytest.mark.slow
+def test_pause_resume_and_stop_reach_the_worker(client2, store):
+    run = RemoteRun(config(epochs=5000), store=store, client=client2).start()
+    try:
+        wait_for(lambda: run.steps_done > 0, JOIN, "the first steps")
+        run.pause()
+        assert run.status == "paused"
+        wait_for(lambda: store.get(run.id).status == "paused", 30, "the store's paused status")
+        seen = {"steps": -1, "since": time.monotonic()}
+
+        def settled():          # no new step for a second: the worker holds between steps
+            if run.steps_done != seen["steps"]:
+                seen["steps"], seen["since"] = run.steps_done, time.monotonic()
+            return time.monotonic() - seen["since"] >= 1.0
+        wait_for(settled, 60, "the paused run to stop stepping")
+        held = run.steps_done
+        run.resume()
+        assert run.status == "running"
+        wait_for(lambda: run.steps_done > held, 60, "steps after resume()")
+        wait_for(lambda: store.get(run.id).status == "running", 30, "the store's running status")
+    finally:
+        run.stop()
+    assert run.join(JOIN) and run.status == "stopped"
+    assert run.message.startswith("stopped by request")
+    record = store.get(run.id)
+    assert record.status == "stopped" and record.n_rows == len(run.log) > 0
+    assert run.steps_done < run.total_steps
+
+
+@pytest.mark.slow
+def test_missing_data_file_fails_naming_it(client2, store, tmp_path):
+    cfg = config()
+    cfg.data.dataset, cfg.data.path = "file", str(tmp_path / "absent.npz")
+    run = RemoteRun(cfg, store=store, client=client2).start()     # (not readable here: the worker decides)
+    assert run.join(JOIN) and run.status == "failed"
+    assert isinstance(run.error, ValueError) and "absent.npz" in run.message and "worker" in run.message
+    record = store.get(run.id)
+    assert record.status == "failed" and "absent.npz" in record.message
+
+
+# ------------------------------------------------------------------------------- LocalCluster of 4
+
+
+@pytest.mark.slow
+def test_four_runs_progress_together(client4, store):
+    runs = [RemoteRun(config(epochs=400, seed=s), name=f"seed {s}", store=store, client=client4).start()
+            for s in range(4)]
+    try:
+        wait_for(lambda: all(len(r.log) > 0 for r in runs) or any(r.done for r in runs), JOIN, "rows of every run")
+        assert not any(r.done for r in runs), [r.status for r in runs]
+        assert len({r.worker for r in runs}) == 4            # one worker process each
+    finally:
+        _stop_all(runs)
+    assert all(store.get(r.id).n_rows > 0 for r in runs)
+
+
+@pytest.mark.slow
+def test_killed_worker_fails_its_run_and_the_others_finish(client4, store):
+    victim = RemoteRun(config(epochs=5000), name="victim", store=store, client=client4).start()
+    others = [RemoteRun(config(epochs=100, seed=s), store=store, client=client4).start() for s in (1, 2)]
+    try:
+        wait_for(lambda: victim.worker_pid and len(victim.log) > 0, JOIN, "the victim's first rows")
+        wait_for(lambda: all(r.status == "running" or r.done for r in others), JOIN, "the other runs to start")
+        os.kill(victim.worker_pid, signal.SIGKILL)
+        assert victim.join(JOIN) and victim.status == "failed"
+        assert victim.message.startswith("worker lost")
+        for run in others:
+            assert run.join(JOIN) and run.status == "finished", run.message
+    finally:
+        _stop_all([victim, *others])
+    record = store.get(victim.id)
+    assert record.status == "failed" and record.message.startswith("worker lost") and record.n_rows > 0
+    assert [store.get(r.id).status for r in others] == ["finished", "finished"]
