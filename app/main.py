@@ -1,7 +1,10 @@
 """qatlab dashboard app: ``panel serve app/`` serves it at http://localhost:5006/app.
 
 Composition only: one :class:`qatlab.ui.Dashboard` per session inside a FastListTemplate
-whose fonts and CSS are all served locally (see :mod:`qatlab.ui.theme`).
+whose fonts and CSS are all served locally (see :mod:`qatlab.ui.theme`). Environment: the
+sidebar lists the files of ``QATLAB_DATA_DIR`` (if set) and keeps uploads under
+``QATLAB_UPLOAD_DIR`` (default: a temporary directory per page); ``make serve`` binds
+127.0.0.1 (README, "Safety").
 """
 import pathlib
 import sys
