@@ -14,8 +14,10 @@ and its backward::
 
 Activation codes and derivatives are those of :mod:`qatlab.kernels.dense` (in terms of the output).
 Max pooling keeps the flat index (within the H x W plane) of each window's maximum, so its backward
-is one scatter-add. Every sum runs in a fixed order on one thread: the results do not depend on the
-thread count.
+is one scatter-add. :func:`im2col` and :func:`col2im` work on a range of images, so callers may run
+ranges on several threads (they write disjoint parts); every sum runs inside one call in a fixed
+order, so the results do not depend on the thread count. Arrays are indexed flat with unsigned
+integers: Numba then drops the negative-index wraparound tests and the copy loops vectorise.
 """
 from __future__ import annotations
 
@@ -38,9 +40,7 @@ def _valid(n_out, stride, offset, size):
     return lo, max(hi, lo)
 
 
-# Flat arrays indexed with unsigned integers: Numba then skips the negative-index wraparound test,
-# and the copy loops vectorise (4-d indexing measured 3-5x slower here).
-_U = np.uint64
+_U = np.uint64     # flat indices as unsigned integers (module doc)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
