@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="list the runs in the store")
     runs.add_argument("--store", metavar="PATH", help=store_help)
     runs.add_argument("--status", help="only runs with this status")
+    from .sweep.cli import add_parser as add_sweep_parser
+    add_sweep_parser(sub, store_help)
     return p
 
 
@@ -208,6 +210,9 @@ def cmd_runs(args) -> int:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "sweep":
+            from .sweep.cli import cmd_sweep
+            return cmd_sweep(args, _open_store, UsageError)
         return {"run": cmd_run, "runs": cmd_runs}[args.command](args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
