@@ -54,14 +54,15 @@ def _layer_counts(shape: tuple) -> tuple[int, int, int]:
 def _conv_workspace(shapes, batch: int, eval_rows: int, act_quant: bool) -> int:
     """Float32 entries of the conv layers' own buffers (:class:`~qatlab.nn.cnn.CnnScratch` and
     ``CnnGradients``) beyond each layer's output: im2col matrix, product, activation (+ quantized
-    copy), argmax indices; gradients of the activation, product and im2col matrix. The evaluation
-    scratch keeps its im2col buffers to ``INFERENCE_ROWS`` rows."""
+    copy), argmax indices, and the activation's gradient (the backward's other conv gradients reuse
+    the im2col and product buffers). The evaluation scratch keeps its im2col buffers to
+    ``INFERENCE_ROWS`` rows."""
     inference_rows = min(eval_rows, 128)   # qatlab.nn.cnn.INFERENCE_ROWS
     total = 0
     for ck, c_out, p, out in (s for s in shapes if len(s) == 4):
         per_row = c_out * p * (2 if act_quant else 1) + out          # activation (+ quantized), indices
         total += batch * (per_row + (ck + c_out) * p)                 # training forward
-        total += batch * (c_out * p * 2 + ck * p)                     # its gradients
+        total += batch * c_out * p                                    # the activation's gradient
         total += eval_rows * per_row + inference_rows * (ck + c_out) * p
     return total
 

@@ -56,6 +56,13 @@ def test_partial_batches_and_the_evaluation_scratch():
     np.testing.assert_allclose(dx, dx_ref, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(g5.flat(), g_ref.flat(), rtol=1e-5, atol=1e-6)
     assert dx.shape == (5, 144) and g5.d_output().shape == (5, 10)
+    s = m.scratch(5)
+    cross_entropy_loss(m.forward(x[:5], s), labels[:5], g5.d_output_mut())
+    m.backward(x[:5], s, g5)
+    with pytest.raises(ValueError, match="backward already ran"):   # it reused the forward's buffers
+        m.backward(x[:5], s, g5)
+    m.forward(x[:5], s)
+    np.testing.assert_allclose(m.backward(x[:5], s, g5), dx_ref, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("cores", [1, 3])
