@@ -11,9 +11,12 @@ PORT ?= 5006
 ADDRESS ?= 127.0.0.1
 ORIGIN ?=
 SERVE_ARGS ?=
-export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
+# Numba's compiled kernels: qatlab keeps them in ~/.cache/qatlab/numba (or $NUMBA_CACHE_DIR), shared
+# by the server, the notebooks, the CLI and the tests; it sets that itself, so nothing is set here.
+NB_STAMP := $(VENV)/.notebooks-installed
+NB_PORT ?= 8888
 
-.PHONY: serve test bench install
+.PHONY: serve test bench install notebooks
 
 install: $(STAMP)
 
@@ -35,3 +38,14 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q 'torch==2.13.0'
 	$(PY) -m qatlab.bench all
+
+# JupyterLab on this machine only (127.0.0.1), opened in notebooks/; the `notebooks` extra is
+# installed into .venv on first use (and again when pyproject.toml changes). Jupyter refuses to run
+# as root unless told: containers and CI machines run as root, so it is told there.
+$(NB_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test,notebooks]'
+	touch $(NB_STAMP)
+
+notebooks: $(NB_STAMP)
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --port $(NB_PORT) --ServerApp.root_dir=$(CURDIR)/notebooks \
+		$(if $(filter 0,$(shell id -u)),--allow-root)
