@@ -211,6 +211,22 @@ def test_missing_data_file_fails_naming_it(client2, store, tmp_path):
     assert record.status == "failed" and "absent.npz" in record.message
 
 
+@pytest.mark.slow
+def test_stop_of_a_queued_run_cancels_it(client2, store):
+    busy = [RemoteRun(config(epochs=5000, seed=s), store=store, client=client2).start() for s in (0, 1)]
+    queued = RemoteRun(config(), name="queued", store=store, client=client2)
+    try:
+        wait_for(lambda: all(r.status == "running" for r in busy), JOIN, "both workers busy")
+        queued.start()
+        assert queued.status == "created" and store.get(queued.id).status == "created"
+        queued.stop()
+        assert queued.join(JOIN) and queued.status == "stopped"
+        assert queued.message == "stopped before it started" and queued.worker is None
+        assert store.get(queued.id).status == "stopped" and store.get(queued.id).n_rows == 0
+    finally:
+        _stop_all(busy)
+
+
 # ------------------------------------------------------------------------------- LocalCluster of 4
 
 
@@ -244,3 +260,28 @@ def test_killed_worker_fails_its_run_and_the_others_finish(client4, store):
     record = store.get(victim.id)
     assert record.status == "failed" and record.message.startswith("worker lost") and record.n_rows > 0
     assert [store.get(r.id).status for r in others] == ["finished", "finished"]
+
+
+# ------------------------------------------------------------------------ the process-wide cluster
+
+
+@pytest.mark.slow
+def test_connect_starts_one_warm_local_cluster_and_shutdown_stops_its_runs(store, monkeypatch):
+    monkeypatch.delenv("QATLAB_SCHEDULER", raising=False)
+    client = connect(n_workers=2)
+    try:
+        assert connect() is client
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        assert len(workers) == 2 and all(a.startswith("tcp://127.0.0.1:") for a in workers)
+        assert all(v["nthreads"] == 1 for v in workers.values())
+
+        def warmed():
+            from qatlab import warmup
+            return warmup.wait(240) and warmup.status()[0] == 0 and "qatlab.train.experiment" in sys.modules
+        assert all(client.run(warmed).values())
+        run = RemoteRun(config(epochs=5000), store=store).start()      # on connect()'s cluster
+        wait_for(lambda: len(run.log) > 0, JOIN, "the run's first rows")
+    finally:
+        ql.shutdown()
+    assert run.done and run.status == "stopped"
+    assert store.get(run.id).status == "stopped"

@@ -61,11 +61,13 @@ def _check_workers(n_workers) -> int:
 
 def local_cluster(n_workers: int | None = None):
     """A new LocalCluster: ``n_workers`` (default: the cores, at least :data:`MIN_LOCAL_WORKERS`)
-    worker processes of one thread on 127.0.0.1, no dashboard, no task retried. The caller closes it."""
+    worker processes of one thread on 127.0.0.1, no dashboard, no task retried, a task queued on the
+    scheduler until a worker is free. The caller closes it."""
     n = _check_workers(n_workers)
     import dask
     from distributed import LocalCluster
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+    # no retry (a rerun would duplicate rows); a run waits on the scheduler, not behind a busy worker
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0, "distributed.scheduler.worker-saturation": 1.0}):
         return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
                             dashboard_address=None, scheduler_kwargs={"allowed_failures": 0})
 

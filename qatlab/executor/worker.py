@@ -71,7 +71,8 @@ class _Sender:
         if not force and now - self.last < SEND_SECONDS:
             return
         rows, log.pending = log.pending, []
-        self.event({"kind": "rows", "seq": self.sent, "rows": rows, "done": self.done, "total": self.total})
+        self.event({"kind": "rows", "seq": self.sent, "rows": rows, "done": self.done, "total": self.total,
+                    "sent": time.time()})
         self.sent += len(rows)
         self.last = now
 
