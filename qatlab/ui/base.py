@@ -209,7 +209,7 @@ class LiveView(pn.viewable.Viewer):
         try:
             while build_id == self._build_id:
                 async with turn:
-                    if build_id != self._build_id:
+                    if build_id != self._build_id or _page_closed(doc):   # nobody to show it to
                         return
                     start = time.perf_counter()
                     with set_curdoc(doc), training_paused():
@@ -332,6 +332,12 @@ def streaming_tick(pull, root) -> None:
         TICKS.record(key, start, TICKS.clock())
 
 
+def _page_closed(doc) -> bool:
+    """True once the :class:`PageWatch` of ``doc``'s session (a Dashboard's) says its page closed."""
+    watch = _watches.get(doc)
+    return watch is not None and watch.gone()
+
+
 def page_disconnected() -> bool:
     """True in a server session that has no browser connection: its page was closed or reloaded
     (or has not connected yet). Bokeh destroys such a session only 15-30 s later; ticking it
@@ -342,7 +348,8 @@ def page_disconnected() -> bool:
     return session is not None and session.connection_count == 0
 
 
-PAGE_GONE_SECONDS = 0.3   # a page without a connection this long has closed (reconnects are off)
+_watches: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # Document -> its PageWatch
+PAGE_GONE_SECONDS = 0.1   # a page without a connection this long has closed (Panel reconnects are off)
 
 
 class PageWatch:
@@ -360,6 +367,9 @@ class PageWatch:
         ctx = getattr(doc, "session_context", None) if doc is not None else None
         self._ctx = weakref.ref(ctx) if ctx is not None else None
         self.connected_once = False
+        if ctx is not None:
+            _watches[doc] = self
+            quiet_closed_sockets()
 
     def _session(self):
         ctx = self._ctx() if self._ctx is not None else None
@@ -382,6 +392,36 @@ class PageWatch:
         session = self._session()
         if session is not None and not session.destroyed and session.connection_count == 0:
             session.request_expiration()
+
+
+def _is_closed_socket(exc) -> bool:
+    from tornado.iostream import StreamClosedError
+    from tornado.websocket import WebSocketClosedError
+    return isinstance(exc, (StreamClosedError, WebSocketClosedError))
+
+
+def quiet_closed_sockets() -> None:
+    """On the running event loop (the server's), log a write to a closed page's websocket as one
+    debug line instead of a "Task exception was never retrieved" traceback. Panel writes a message
+    as several websocket writes; when the page closes between them, the later ones raise at once and
+    the futures of the earlier ones are never awaited. Other errors go to the previous handler."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    previous = loop.get_exception_handler()
+    if getattr(previous, "qatlab_quiet_sockets", False):
+        return
+
+    def handler(loop, context):
+        if _is_closed_socket(context.get("exception")):
+            log.debug("qatlab: a write to a closed page's websocket failed: %s", context.get("message"))
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+    handler.qatlab_quiet_sockets = True
+    loop.set_exception_handler(handler)
 
 
 def in_server_session() -> bool:

@@ -17,7 +17,7 @@ progress updates, and only the *visible* tab refreshes its tables/histograms. Ti
 skipped while the session's page has no connection (closed or reloaded, not yet destroyed).
 
 Cleanup: when the session's page closes (each tick asks :class:`~qatlab.ui.base.PageWatch`:
-no connection for 0.3 s after having one) or the session is destroyed
+no connection for 0.1 s after having one) or the session is destroyed
 (``pn.state.on_session_destroyed``), the periodic callback stops, and every run this session
 owns that is not ``keep_alive`` is stopped at once, then joined and released (model dropped,
 history kept) on a small reaper thread, so the server's event loop never blocks; a comparison

@@ -16,8 +16,9 @@ the runs start slowly. :func:`when_drawn` lets the runs wait for it instead:
 
 The figure must be in the page already (sent on an earlier turn, as after
 :meth:`~qatlab.ui.base.LiveView.when_built`): a tag that reaches the page before its figure is
-lost. A page that never answers (closed, in a background tab, where browsers pause animation
-frames, or sent the figure late) starts the work after ``timeout_ms`` anyway. Outside a server session (notebooks,
+lost. A page that never answers (in a background tab, where browsers pause animation frames, or
+sent the figure late) starts the work after ``timeout_ms`` anyway; the Dashboard's callback then
+checks whether the page has closed meanwhile (its runs never start then). Outside a server session (notebooks,
 plain Python) the callback runs at once.
 """
 from __future__ import annotations
@@ -60,7 +61,8 @@ def when_drawn(fig, callback, timeout_ms: int = DRAWN_TIMEOUT_MS) -> None:
     def stop_listening() -> None:
         if state["listening"]:
             state["listening"] = False
-            fig.remove_on_change("tags", on_tags)
+            if on_tags in fig._callbacks.get("tags", ()):   # a destroyed session's figure may have none
+                fig.remove_on_change("tags", on_tags)
 
     def call_once() -> None:
         if state["called"]:

@@ -97,3 +97,19 @@ def test_bad_arguments_are_refused_before_anything_is_scheduled(monkeypatch):
         with pytest.raises(ValueError, match="timeout_ms: expected an int > 0"):
             when_drawn(fig, lambda: None, timeout_ms=bad)
     assert ticks == [] and timeouts == [] and fig.tags == []
+
+
+def test_a_listener_already_gone_is_not_removed_twice(monkeypatch):
+    """The listener goes on the turn after the answer; a figure whose tags callbacks were cleared
+    meanwhile (a destroyed session) must not raise ``list.remove(x): x not in list``."""
+    fig, ticks, timeouts = session_figure(monkeypatch)
+    calls = []
+    when_drawn(fig, lambda: calls.append(1))
+    ticks.pop(0)()
+    ticks.pop(0)()
+    (token,) = fig.tags
+    fig.tags = [*fig.tags, f"{token}:ack"]
+    assert calls == [1] and len(fig._callbacks["tags"]) == 1
+    fig._callbacks["tags"].clear()
+    ticks.pop(0)()                        # stop_listening: nothing to remove, no error
+    assert fig._callbacks["tags"] == [] and calls == [1]

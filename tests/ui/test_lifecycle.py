@@ -286,3 +286,133 @@ def test_ended_runs_are_renamed_or_deleted_from_any_page_after_confirmation(page
     assert b.runs.confirm() is True
     assert run not in all_runs() and run.id not in list(b.runs.table.value["id"]) and b.runs.table.selection == []
     assert run.released and len(run.log) > 0
+
+
+# ---------------------------------------------------------------------------- in the browser
+
+
+@pytest.fixture(scope="module")
+def served(chromium):
+    """``panel serve app/`` with the inspector (the server process's runs and threads over HTTP) and
+    Bokeh's unused sessions kept 20 s, as the dashboard bench runs it; one browser context."""
+    from qatlab.bench_dashboard import AppServer
+    server = AppServer(inspect=True, extra_args=["--check-unused-sessions", "1000",
+                                                 "--unused-session-lifetime", "20000"])
+    try:
+        server.start()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    context = chromium.new_context(viewport={"width": 1400, "height": 900})
+    try:
+        yield server, context
+    finally:
+        context.close()
+        server.stop()
+
+
+def _page(served, epochs: int):
+    from qatlab.bench_dashboard import DashboardPage
+    server, context = served
+    page = DashboardPage(context.new_page(), server.url).open(timeout=120)
+    page.set_input("Epochs", epochs)
+    return page
+
+
+def _new_runs(server, before: set, count: int, pred, timeout: float = 120.0) -> dict:
+    """The ``count`` runs created since ``before`` once ``pred`` holds for each (inspector dicts)."""
+    found = {}
+
+    def ready():
+        nonlocal found
+        found = {i: r for i, r in server.runs().items() if i not in before}
+        return len(found) == count and all(pred(r) for r in found.values())
+    assert _wait(ready, timeout, 0.05), found
+    return found
+
+
+def _closed_within(server, ids, closed_at: float, timeout: float = 30.0) -> float:
+    """Seconds from ``closed_at`` (time.time()) until the last of ``ids`` ended, by the server's clock."""
+    runs = {}
+
+    def ended():
+        nonlocal runs
+        runs = server.runs(ids)
+        return all(r["status"] in ql.runs.DONE for r in runs.values())
+    assert _wait(ended, timeout, 0.05), runs
+    assert all(r["status"] == "stopped" for r in runs.values()), runs
+    return max((r["finished_at"] for r in runs.values()), default=closed_at) - closed_at
+
+
+@pytest.mark.browser
+def test_browser_closed_pages_stop_their_runs_within_a_second(served):
+    server, _ = served
+    for button, count in (("Start", 1), ("Compare STE kinds", 4)):
+        page = _page(served, LONG_EPOCHS)
+        before = set(server.runs())
+        page.click(button)
+        runs = _new_runs(server, before, count, lambda r: r["status"] == "running" and r["steps_done"] > 0)
+        closed_at = time.time()
+        page.page.close()
+        seconds = _closed_within(server, set(runs), closed_at)
+        print(f"{button}: {count} run(s) stopped {seconds:.2f} s after the page closed")
+        assert seconds <= STOP_SECONDS
+
+
+@pytest.mark.browser
+def test_browser_page_closed_before_compare_drew_never_starts(served):
+    """The page never answers the drawn handshake (animation frames never fire, as in a background
+    tab) and closes while its comparison waits: the four runs are stopped without ever starting,
+    although the 2 s fallback comes after the close."""
+    server, _ = served
+    page = _page(served, LONG_EPOCHS)
+    page.page.evaluate("() => { window.requestAnimationFrame = () => 0; }")
+    before = set(server.runs())
+    page.click("Compare STE kinds")
+    runs = _new_runs(server, before, 4, lambda r: True, timeout=60)
+    assert all(r["status"] == "created" for r in runs.values()), runs
+    closed_at = time.time()
+    page.page.close()
+    seconds = _closed_within(server, set(runs), closed_at)
+    print(f"a comparison waiting for its figures: stopped {seconds:.2f} s after the page closed")
+    assert seconds <= STOP_SECONDS
+    assert all(r["started_at"] is None and r["steps_done"] == 0 for r in server.runs(set(runs)).values())
+
+
+@pytest.mark.browser
+def test_browser_six_pages_churned_then_closed_free_threads_and_the_log_stays_clean(served):
+    """Six pages (three runs, three comparisons) train at once, then close: threads back to the
+    baseline within a few seconds, and the server log has no traceback from the whole module."""
+    server, _ = served
+
+    def run_threads(state):
+        return [t for t in state["threads"] if t.startswith(("run-", "qatlab-reaper-"))]
+
+    assert _wait(lambda: not run_threads(server.inspect()), 30)
+    base = server.inspect()
+    pages = []                                          # (page, ids of its runs)
+    for button, count in [("Start", 1), ("Compare STE kinds", 4)] * 3:
+        page = _page(served, LONG_EPOCHS)
+        before = set(server.runs())
+        page.click(button)
+        pages.append((page, set(_new_runs(server, before, count, lambda r: r["status"] != "created", 120))))
+    ids = set().union(*(i for _, i in pages))
+    _new_runs(server, set(server.runs()) - ids, 15, lambda r: r["status"] == "running" and r["steps_done"] > 0)
+    busy = server.inspect()
+    closed = []
+    for page, _ in pages:
+        closed.append(time.time())
+        page.page.close()
+    stopped = max(_closed_within(server, i, at) for (_, i), at in zip(pages, closed))
+    assert _wait(lambda: len(server.inspect()["threads"]) <= len(base["threads"]), 5), \
+        (server.inspect()["threads"], base["threads"])
+    freed = time.time() - closed[-1]
+    after = server.inspect()
+    mib = 2 ** 20
+    print(f"six pages: {len(busy['threads'])} threads while training, {len(base['threads'])} before; each page's "
+          f"runs stopped at most {stopped:.2f} s after it closed, threads back to baseline {freed:.2f} s after "
+          f"the last closed; RSS {base['rss'] / mib:.0f} -> {busy['rss'] / mib:.0f} -> {after['rss'] / mib:.0f} MiB")
+    assert stopped <= 2 * STOP_SECONDS    # 15 runs and six pages share the two cores here
+    assert not run_threads(after)
+    log = server.log_path.read_text(errors="replace")
+    for bad in ("Traceback", "AssertionError", "not in list", "Error running"):
+        assert bad not in log, log[-4000:]

@@ -6,6 +6,7 @@ callback must stop and the runs it owns must stop and be joined, except a keep-a
 """
 from __future__ import annotations
 
+import logging
 import re
 import socket
 import time
@@ -136,3 +137,64 @@ def test_sessions_stream_then_stop_and_join_their_runs(server):
     assert kept[0] in ql.runs.all_runs()        # ... and stays listed for later sessions
     kept[0].stop()
     assert kept[0].join(30) and kept[0].status == "stopped"
+
+
+class _Context:
+    """Stands in for a server session's context (weak-referenceable, with a ``_session``)."""
+
+    def __init__(self, session=None):
+        self._session = session
+
+
+class _Session:
+    def __init__(self):
+        self.connection_count, self.destroyed, self.milliseconds_since_last_unsubscribe = 0, False, 0.0
+        self.expiration_requested = False
+
+    def request_expiration(self):
+        self.expiration_requested = True
+
+
+def test_page_watch_says_gone_only_once_a_connected_page_has_been_away_for_the_grace():
+    from bokeh.document import Document
+    from qatlab.ui.base import PAGE_GONE_SECONDS, PageWatch
+    assert PageWatch(None).gone() is False and PageWatch(Document()).gone() is False   # no server session
+    ctx = _Context()
+    doc = Document()
+    doc._session_context = lambda: ctx
+    watch = PageWatch(doc)
+    assert watch.gone() is False                       # Bokeh has not made the session yet
+    ctx._session = session = _Session()
+    session.milliseconds_since_last_unsubscribe = 10_000.0
+    assert watch.gone() is False                       # never connected (a plain GET): Bokeh expires it
+    session.connection_count = 1
+    assert watch.gone() is False and watch.connected_once
+    session.connection_count, session.milliseconds_since_last_unsubscribe = 0, 500 * PAGE_GONE_SECONDS
+    assert watch.gone() is False                       # away for less than the grace
+    session.milliseconds_since_last_unsubscribe = 1000 * PAGE_GONE_SECONDS
+    assert watch.gone() is True
+    watch.expire()
+    assert session.expiration_requested
+    session.destroyed = True
+    assert watch.gone() is True
+
+
+def test_writes_to_a_closed_pages_socket_are_not_logged_as_tracebacks(caplog):
+    import asyncio
+
+    from qatlab.ui.base import quiet_closed_sockets
+    from tornado.iostream import StreamClosedError
+    from tornado.websocket import WebSocketClosedError
+
+    async def main():
+        quiet_closed_sockets()
+        quiet_closed_sockets()                         # installed once
+        loop = asyncio.get_running_loop()
+        for exc in (WebSocketClosedError(), StreamClosedError(), ValueError("a real bug")):
+            loop.call_exception_handler({"message": "Task exception was never retrieved", "exception": exc})
+
+    caplog.set_level(logging.DEBUG)
+    asyncio.run(main())
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "a real bug" in repr(errors[0].exc_info[1])
+    assert sum("closed page's websocket" in r.getMessage() for r in caplog.records) == 2
