@@ -233,7 +233,8 @@ class ExperimentConfig(_Config):
 
 
 def _validate_cnn(cfg: "ExperimentConfig") -> None:
-    """The cnn-only rules that need no data (the image shape's are checked when the model is built)."""
+    """The cnn-only rules: channels, no phase training, and, for a named dataset of known image shape,
+    kernel and pool windows that fit every feature map (other datasets are checked when loaded)."""
     channels = cfg.model.conv_channels
     if not channels:
         raise ValueError("ModelConfig.conv_channels: architecture='cnn' needs at least one conv layer")
@@ -242,6 +243,17 @@ def _validate_cnn(cfg: "ExperimentConfig") -> None:
             raise ValueError(f"ModelConfig.conv_channels[{i}]: must be an int in 1..4096, got {c!r}")
     if cfg.phase.enabled:
         raise ValueError("PhaseConfig.enabled: phase training supports architecture='mlp' only")
+    if cfg.data.dataset == "synthetic":
+        raise ValueError("ModelConfig.architecture: 'cnn' needs a dataset of images or 1-d signals; "
+                         "dataset 'synthetic' gives flat features -- use architecture='mlp'")
+    from .data.shipped import DATASET_CARDS      # at call time: data imports config
+    from .nn.cnn import conv_plan                # shapes only: allocates nothing
+    shape = DATASET_CARDS.get(cfg.data.dataset, {}).get("input_shape")
+    if shape is not None:
+        try:
+            conv_plan(shape, channels, cfg.model.kernel_size, cfg.model.pool)
+        except ValueError as e:
+            raise ValueError(f"ModelConfig.{e}") from None
 
 
 class QatConfig(_Config):

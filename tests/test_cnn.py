@@ -158,6 +158,16 @@ def test_config_and_build_checks():
         cfg.validate()
     with pytest.raises(ValueError, match="ModelConfig.conv_channels"):
         _cnn_cfg(conv_channels=[]).validate()
+    with pytest.raises(ValueError, match="ModelConfig.kernel_size: 5x5 is larger than conv layer 1's 2x2"):
+        _cnn_cfg().validate()                                      # digits are 8x8: known before loading
+    cfg = _cnn_cfg(conv_channels=[4], kernel_size=3, pool=7)
+    with pytest.raises(ValueError, match="ModelConfig.pool: a 7x7 window is larger than conv layer 0.s 6x6"):
+        cfg.validate()
+    cfg.data.dataset = "mnist"
+    cfg.validate()
+    cfg.data.dataset = "synthetic"
+    with pytest.raises(ValueError, match="'synthetic' gives flat features"):
+        cfg.validate()
     with pytest.raises(ValueError, match=r"ModelConfig.architecture: 'cnn' needs a dataset of images"):
         build_model(_cnn_cfg(), 64, 10, None)
     with pytest.raises(ValueError, match="ModelConfig.kernel_size: 5x5 is larger"):
@@ -169,7 +179,16 @@ def test_config_and_build_checks():
     m = build_model(cfg, 64, 10, (1, 8, 8))
     assert isinstance(m, ql.Cnn) and np.shape(m.weight_quantizers[0].scale) in ((), (4,))
     assert all(q is not None for q in m.activation_quantizers)
-    cfg.data.dataset = "synthetic"
+    cfg.model.conv_channels = [4, 4, 4]
+    with pytest.raises(ValueError, match="ModelConfig.pool: a 2x2 window"):   # refused before loading anything
+        ql.run_experiment(cfg)
+
+
+def test_a_file_of_flat_features_is_refused_when_loaded(tmp_path):
+    path = tmp_path / "flat.npz"
+    np.savez(path, X=RNG.random((200, 64)).astype(np.float32), y=RNG.integers(0, 3, 200))
+    cfg = _cnn_cfg(conv_channels=[4], kernel_size=3)
+    cfg.data.dataset, cfg.data.path = "file", str(path)
     res = ql.run_experiment(cfg)
     assert res.status == "failed" and "needs a dataset of images" in res.message
 
