@@ -1,7 +1,8 @@
 """The notebooks in ``notebooks/`` run top to bottom, headless, without an error.
 
-Each notebook is read fresh (the committed files keep their outputs stripped, which is checked
-too) and executed in memory by nbclient in a Python kernel whose working directory is
+The committed files keep the outputs of a run top to bottom (so they read well before anyone runs
+them): checked here to be complete, in order and free of errors. The slow test executes each
+notebook afresh in memory by nbclient in a Python kernel whose working directory is
 ``notebooks/``; the files on disk are never written. A cell that raises fails the test with the
 cell's traceback; so does any ``error`` output or a traceback printed to stderr.
 """
@@ -32,12 +33,13 @@ def test_every_notebook_is_listed():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_committed_notebook_outputs_are_stripped(name):
+def test_committed_outputs_are_one_clean_run_top_to_bottom(name):
     nb = _read(name)
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "code":
-            assert not cell.get("outputs"), f"{name} cell {i}: outputs committed (strip them)"
-            assert cell.get("execution_count") is None, f"{name} cell {i}: execution_count committed"
+    counts = [cell.get("execution_count") for cell in nb.cells if cell.cell_type == "code"]
+    assert counts == list(range(1, len(counts) + 1)), f"{name}: execution counts {counts} (rerun top to bottom)"
+    assert not _problems(nb), f"{name}:\n" + "\n".join(_problems(nb))
+    last = "".join(o.get("text", "") for o in nb.cells[-1].get("outputs", []))
+    assert "ran top to bottom in" in last, f"{name}: the last cell does not report the notebook's run time"
 
 
 def _problems(nb) -> list[str]:
