@@ -6,8 +6,8 @@ the field shows why (its label and allowed range) and the config keeps its value
 edit the whole config's ``validate()`` runs too; a rule it breaks shows under the field it names
 (``ModelConfig.hidden[0]: ...``) or, naming none, in the alert ``qatlab-config-error``. While
 anything is invalid, ``Start`` and ``Compare STE kinds`` are disabled and the alert lists why.
-A press of either runs its handler once: presses within :data:`DEBOUNCE_S` of it or queued
-while it ran (a double click) are dropped.
+A press of either runs its handler once: presses within :data:`DEBOUNCE_S` of it, or queued
+while it ran and the page updated (a double click), are dropped.
 
 Fields are built from each sub-config's Params in declaration order (new Params show up by
 themselves) and shown only when they apply (a field hidden while it holds an invalid text shows
@@ -228,9 +228,21 @@ class ConfigPanel(pn.viewable.Viewer):
             self._quiet_until = math.inf
             try:
                 handler()
-            finally:   # a click queued while the handler ran arrives right after it: QUEUED_S covers it
-                self._quiet_until = max(pressed + DEBOUNCE_S, time.monotonic() + QUEUED_S)
+            finally:
+                self._reopen_after(pressed)
         return click
+
+    def _reopen_after(self, pressed: float) -> None:
+        """Accept presses again once this one's page update has gone out (in a server session: on the
+        next event-loop turn) and QUEUED_S more have passed, and not before DEBOUNCE_S after it:
+        a click queued while the handler ran and the page updated is then dropped."""
+        def reopen():
+            self._quiet_until = max(pressed + DEBOUNCE_S, time.monotonic() + QUEUED_S)
+        doc = pn.state.curdoc
+        if doc is not None and getattr(doc, "session_context", None) is not None:
+            doc.add_next_tick_callback(reopen)
+        else:
+            reopen()
 
     def validated(self) -> ExperimentConfig | None:
         """A copy of the config if every field holds what was typed and ``validate()`` accepts it;
