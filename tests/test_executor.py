@@ -172,6 +172,21 @@ def test_run_on_a_worker_streams_rows_and_matches_in_process(client2, store):
 
 
 @pytest.mark.slow
+def test_large_layers_split_across_cores_match_in_process(client2, store):
+    # 784 x 1024 ternary weights: split matrix products (qatlab.parallel.dot) and the ternary scale's
+    # sum in slices (parallel.sum_slices), whose slices follow os.cpu_count(), not Dask's threads
+    cfg = config(epochs=1, hidden=(1024,))
+    cfg.data.dataset = "mnist"
+    run = RemoteRun(cfg, store=store, client=client2).start()
+    assert run.join(JOIN) and run.status == "finished", run.message
+    ref = ql.run_experiment(cfg)
+    for key, column in ref.history.items():
+        if key not in TIME_COLUMNS:
+            assert np.array_equal(run.history()[key], column, equal_nan=True), key
+    np.testing.assert_array_equal(run.result().model.flat_params(), ref.model.flat_params())
+
+
+@pytest.mark.slow
 def test_pause_resume_and_stop_reach_the_worker(client2, store):
     run = RemoteRun(config(epochs=5000), store=store, client=client2).start()
     try:
@@ -198,6 +213,21 @@ def test_pause_resume_and_stop_reach_the_worker(client2, store):
     record = store.get(run.id)
     assert record.status == "stopped" and record.n_rows == len(run.log) > 0
     assert run.steps_done < run.total_steps
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_diverged_status_and_message_come_from_the_trainer(client2, store):
+    cfg = ql.ExperimentConfig(data=ql.DataConfig(dataset="synthetic", n_samples=200, n_features=16, n_classes=3, seed=1),
+                              model=ql.ModelConfig(hidden=[16]), quant=ql.QuantConfig(weights="float"),
+                              optim=ql.OptimConfig(epochs=3, batch_size=32, optimizer="sgd", lr=1e3, loss="mse"),
+                              metrics_every=1)
+    run = RemoteRun(cfg, store=store, client=client2).start()
+    assert run.join(JOIN) and run.status == "diverged"
+    ref = ql.run_experiment(cfg)
+    assert ref.status == "diverged" and run.message == ref.message and run.error is None
+    record = store.get(run.id)
+    assert record.status == "diverged" and record.message == ref.message and record.n_rows == len(run.log) > 0
 
 
 @pytest.mark.slow

@@ -69,7 +69,8 @@ def local_cluster(n_workers: int | None = None):
     # no retry (a rerun would duplicate rows); a run waits on the scheduler, not behind a busy worker
     with dask.config.set({"distributed.scheduler.allowed-failures": 0, "distributed.scheduler.worker-saturation": 1.0}):
         return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                            dashboard_address=None, scheduler_kwargs={"allowed_failures": 0})
+                            dashboard_address=None,   # no Bokeh dashboard; its plain HTTP routes on a free loopback port
+                            scheduler_kwargs={"allowed_failures": 0, "dashboard_address": "127.0.0.1:0"})
 
 
 def _check_address(address) -> str | None:
