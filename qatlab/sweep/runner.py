@@ -24,7 +24,7 @@ from .result import SweepResult
 
 log = logging.getLogger(__name__)
 
-TICK_SECONDS = 0.1       # the dispatcher's longest sleep
+TICK_SECONDS = 0.02      # the dispatcher's longest sleep (an ended run is replaced within it)
 JUDGE_SECONDS = 0.25     # how often running runs are judged by the early-stopping rule
 
 
@@ -117,6 +117,8 @@ class SweepHandle:
         self.sweep = sweep
         self.store = store if store is not None else _store()
         self.client = client if client is not None else cluster.connect()
+        # (No run is submitted ahead of a free slot: Dask would hand it to a worker's queue, and a
+        # worker that dies fails every run it was given, started or not, since none is retried.)
         self.cap = sweep.max_concurrent or max(1, sum(self.client.nthreads().values()))
         finished = {config_key(r.config_dict) for r in self.store.runs(sweep_id=sweep.name, status="finished")}
         self.todo = [p for p in sweep.points if p.key not in finished]

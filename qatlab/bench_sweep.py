@@ -1,0 +1,154 @@
+"""``python -m qatlab.bench sweep``: a sweep of 16 digits runs on 1 and on 2 single-threaded workers.
+
+Two LocalClusters (1 worker, 2 workers; one thread each) are started and warmed first; then the
+same sweep (4 STE kinds x 4 seeds, digits, MLP 64-256-10, ternary weights) runs on each in turn,
+``--repeats`` times interleaved (default 2; 1 with ``--quick``), each time under a new sweep name
+in a temporary store. Reported per cluster (median over the repeats):
+
+* **wall**: from ``Sweep.submit`` until every run's result is in the store;
+* **speedup**: 1-worker wall / 2-worker wall (goal >= 1.7x);
+* **overhead per run**: ``(wall - sum(run seconds) / workers) / (runs / workers)``, where a run's
+  seconds are its own training loop (``final["seconds"]``, the trainer's clock on the worker): what
+  a worker slot spends per run beyond training -- dispatch, Dask scheduling, the worker building
+  the data and model, rows and result travelling back, the store's writes (goal < 50 ms);
+* **submit -> start**: median time from ``RemoteRun`` submission to the run's start stamp in the
+  store (the worker's start message, written by the client within its 0.1 s monitor tick).
+
+Bit-identity: the history of one point (identity STE, seed 0) from each cluster is compared with
+``ql.run_experiment`` of the same config in this process, every column but ``time`` and
+``steps_per_second``. ``--sizes N`` sets the epochs of each run (default 60).
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .benchkit import BenchOptions, Column, Goal, SuiteResult, Table, suite
+
+EPOCHS = 60
+KINDS = ("identity", "clipped_identity", "tanh", "hard_tanh")
+SEEDS = (0, 1, 2, 3)
+WORKERS = (1, 2)
+TIME_COLUMNS = ("time", "steps_per_second")
+GOAL_SPEEDUP = 1.7
+GOAL_OVERHEAD_MS = 50.0
+
+COLUMNS = [Column("workers", "workers"), Column("runs", "runs"), Column("wall_s", "wall s", "{:.2f}"),
+           Column("train_s", "sum train s", "{:.2f}"), Column("speedup", "speedup", "{:.2f}x"),
+           Column("overhead_ms", "overhead/run ms", "{:.0f}"),
+           Column("submit_start_ms", "submit->start ms", "{:.0f}"), Column("statuses", "statuses"),
+           Column("identical", "bit-identical to in-process")]
+
+
+def base_config(epochs: int):
+    from .config import ExperimentConfig
+    cfg = ExperimentConfig()
+    cfg.optim.epochs = epochs
+    cfg.model.hidden = [256]
+    return cfg
+
+
+def _cluster(n: int):
+    from distributed import Client
+
+    from .executor import WarmWorker, local_cluster
+    cluster = local_cluster(n)
+    client = Client(cluster, set_as_default=False, timeout="60s")
+    client.register_plugin(WarmWorker(warm=True))
+    client.wait_for_workers(n, timeout=120)
+    return cluster, client
+
+
+def one_sweep(name: str, epochs: int, store, client, runs_grid=KINDS, seeds=SEEDS) -> dict:
+    """Run the bench sweep once on ``client``; its wall time and what the store says of its runs."""
+    from .sweep import Sweep
+    sweep = Sweep(base_config(epochs), grid={"quant.ste": list(runs_grid)}, seeds=list(seeds), name=name)
+    t0 = time.perf_counter()
+    handle = sweep.submit(store=store, client=client)
+    handle.join()
+    wall = time.perf_counter() - t0
+    if handle.error is not None:
+        raise handle.error
+    records = store.runs(sweep_id=name)
+    submitted = {run.id: run.submitted_at for run in handle.runs}
+    starts = [(r.started.timestamp() - submitted[r.id]) for r in records
+              if r.started is not None and submitted.get(r.id)]
+    return {"wall_s": wall, "records": records, "train_s": sum(r.final.get("seconds", 0.0) for r in records),
+            "submit_start_ms": 1e3 * statistics.median(starts) if starts else None,
+            "statuses": ", ".join(f"{n} {s}" for s, n in sorted(_count(r.status for r in records).items()))}
+
+
+def _count(items) -> dict:
+    out: dict = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return out
+
+
+def identical_to_in_process(store, record, reference: dict) -> str:
+    got = store.history(record.id)
+    keys = [k for k in reference if k not in TIME_COLUMNS]
+    same = [k for k in keys if k in got and np.array_equal(got[k], reference[k], equal_nan=True)]
+    return "yes" if len(same) == len(keys) else f"NO ({len(keys) - len(same)} of {len(keys)} columns differ)"
+
+
+@suite("sweep", description="a 16-run digits sweep on 1 vs 2 single-threaded Dask workers: speedup, "
+                            "per-run overhead, bit-identity")
+def run(opts: BenchOptions) -> SuiteResult:
+    """Run the sweep suite (see the module docstring)."""
+    from .runs import run_experiment
+    from .store import RunStore
+    epochs = EPOCHS if opts.sizes is None else opts.sizes[0]
+    repeats = 1 if opts.quick else 2
+    clusters = {n: _cluster(n) for n in WORKERS}
+    samples: dict[int, list[dict]] = {n: [] for n in WORKERS}
+    tmp = tempfile.TemporaryDirectory(prefix="qatlab-bench-sweep-")
+    try:
+        store = RunStore(Path(tmp.name) / "runs.sqlite")
+        for n, (_, client) in clusters.items():      # warm-up: every worker loads its kernels and data
+            one_sweep(f"warm-{n}w", 1, store, client, runs_grid=KINDS[:2], seeds=(0,))
+        for rep in range(repeats):
+            for n, (_, client) in clusters.items():
+                samples[n].append(one_sweep(f"bench-{n}w-{rep}", epochs, store, client))
+        point = base_config(epochs)
+        reference = run_experiment(point).history
+        rows = {}
+        for n in WORKERS:
+            med = min(samples[n], key=lambda s: abs(s["wall_s"] - statistics.median(x["wall_s"] for x in samples[n])))
+            runs = len(med["records"])
+            first = next(r for r in med["records"] if r.point == {"quant.ste": "identity", "seed": 0})
+            rows[n] = {"workers": n, "runs": runs, "wall_s": statistics.median(s["wall_s"] for s in samples[n]),
+                       "wall_samples_s": [s["wall_s"] for s in samples[n]], "train_s": med["train_s"],
+                       "overhead_ms": 1e3 * (med["wall_s"] - med["train_s"] / n) / (runs / n),
+                       "submit_start_ms": med["submit_start_ms"], "statuses": med["statuses"],
+                       "identical": identical_to_in_process(store, first, reference),
+                       "worker_of_checked_run": first.worker}
+        store.close()
+    finally:
+        for cluster, client in clusters.values():
+            client.close(timeout=30)
+            cluster.close(timeout=30)
+        tmp.cleanup()
+    speedup = rows[1]["wall_s"] / rows[2]["wall_s"]
+    rows[2]["speedup"] = speedup
+    rows[1]["speedup"] = 1.0
+    worst = max(r["overhead_ms"] for r in rows.values())
+    goals = [Goal("2 workers vs 1: sweep speedup", speedup >= GOAL_SPEEDUP, f"{speedup:.2f}x", f">= {GOAL_SPEEDUP}x"),
+             Goal("per-run overhead (worst cluster)", worst < GOAL_OVERHEAD_MS, f"{worst:.0f} ms",
+                  f"< {GOAL_OVERHEAD_MS:.0f} ms"),
+             Goal("history bit-identical to ql.run_experiment (time columns aside)",
+                  all(r["identical"] == "yes" for r in rows.values()),
+                  "; ".join(f"{n} worker(s): {r['identical']}" for n, r in rows.items()), "both clusters")]
+    notes = [f"sweep: quant.ste x {len(KINDS)} kinds x seeds {list(SEEDS)} = {len(KINDS) * len(SEEDS)} runs of digits, "
+             f"MLP 64-256-10, ternary weights, Adam, {epochs} epochs; {repeats} repeat(s) per cluster, interleaved; "
+             "wall and overhead from the repeat with the median wall",
+             "overhead/run = (wall - sum of the runs' training-loop seconds / workers) / (runs / workers)",
+             "submit->start = median over runs of (store's start stamp - RemoteRun submission); the stamp is "
+             "written within the client's 0.1 s monitor tick of the worker's start message"]
+    return SuiteResult(tables=[Table(f"sweep of {len(KINDS) * len(SEEDS)} runs on 1 vs 2 single-threaded "
+                                     "workers (LocalCluster)", COLUMNS, list(rows.values()))],
+                       goals=goals, notes=notes, extra={"epochs": epochs, "repeats": repeats})
