@@ -11,7 +11,7 @@ import pytest
 
 import qatlab as ql
 from qatlab.executor import RemoteRun, WarmWorker, connect, local_cluster
-from qatlab.executor.worker import check_data_here
+from qatlab.executor.worker import check_data_here, topic
 
 TIME_COLUMNS = ("time", "steps_per_second")          # wall-clock columns: differ run to run
 TIME_FINALS = ("seconds", "steps_per_second", "train_seconds")
@@ -152,6 +152,8 @@ def test_run_on_a_worker_streams_rows_and_matches_in_process(client2, store):
     wait_for(lambda: store.get(run.id).n_rows > 0 and len(run.log) > 0, JOIN, "stored rows")
     assert not run.done and store.get(run.id).status == "running"
     assert run.join(JOIN) and run.status == "finished", run.message
+    assert client2.get_events(topic(run.id)) == ()              # the scheduler forgot the run's rows
+    assert run.progress == 1.0 and run.elapsed > 0
     record = store.get(run.id)
     assert record.status == "finished" and record.worker == run.worker and run.worker.startswith("tcp://127.0.0.1")
     assert record.n_rows == len(run.log) > 100

@@ -132,7 +132,8 @@ class RemoteRun:
         self.worker_pid: int | None = None
         self.steps_done = self.total_steps = 0
         self.error: BaseException | None = None   # a failed run's exception (from the worker)
-        self.submitted_at: float | None = None
+        self.started_at: float | None = None     # submitted
+        self.finished_at: float | None = None
         self._store, self._client = store, client
         self._result = None
         self._future = None
@@ -167,13 +168,17 @@ class RemoteRun:
             self.id = None
             raise
         from distributed import Variable
-        self.id = run_id
-        self.name = self.name or run_id[:8]
+        with self._lock:
+            self.id = run_id
+            self.name = self.name or run_id[:8]
+            if self.status in DONE:         # stop() came while starting: never submitted
+                self._store.set_status(run_id, self.status, self.message)
+                return self
         self._control = Variable(control_name(run_id), client=client)
         self._control.set("run")
         Variable(claim_name(run_id), client=client).set("")
         client.subscribe_topic(topic(run_id), self._on_event)
-        self.submitted_at = time.time()
+        self.started_at = time.time()
         self._future = client.submit(run_on_worker, self.config.to_dict(), run_id, key=f"qatlab-run-{run_id}",
                                      pure=False, retries=0)
         self._future.add_done_callback(lambda _: self._wake.set())
@@ -189,6 +194,7 @@ class RemoteRun:
                 return
             if self._future is None:
                 self.status, self.message = "stopped", "stopped before it started"
+                self.finished_at = time.time()
                 self._ended.set()
                 return
             queued = not self._on_worker
@@ -230,6 +236,23 @@ class RemoteRun:
     def progress(self) -> float:
         """Share of the planned steps done, 0..1 (as of the last batch of rows)."""
         return self.steps_done / self.total_steps if self.total_steps else 0.0
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since start() (until the run ended)."""
+        if self.started_at is None:
+            return 0.0
+        return (self.finished_at or time.time()) - self.started_at
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps_done / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def eta(self) -> float:
+        """Estimated seconds left (nan before the first steps arrived)."""
+        rate = self.steps_per_second
+        return (self.total_steps - self.steps_done) / rate if rate > 0 else float("nan")
 
     def history(self) -> dict:
         """The rows received so far, ``{column: float64 array}`` (as ``MetricsLog.columns()``)."""
@@ -273,7 +296,8 @@ class RemoteRun:
             self.log.append(row)
         self._pending.extend(rows)
         self._received += len(rows)
-        self.steps_done, self.total_steps = msg["done"], msg["total"]
+        if msg["done"] >= self.steps_done:           # (a replayed old batch must not move it back)
+            self.steps_done, self.total_steps = msg["done"], msg["total"]
         if self._received in self._early:
             self._take(self._early.pop(self._received))
 
@@ -313,8 +337,9 @@ class RemoteRun:
             with self._lock:
                 self.status, self.message = "failed", failure_message(exc)
         finally:
-            self._ended.set()
             self._cleanup()
+            self.finished_at = self.finished_at or time.time()
+            self._ended.set()
 
     def _finish(self) -> None:
         from ..runs import RunResult, failure_message
@@ -338,7 +363,7 @@ class RemoteRun:
         self._flush()
         with self._lock:
             self._store.finish(self.id, result)
-            self._result, self.status, self.message = result, status, message
+            self._result, self.status, self.message, self.finished_at = result, status, message, time.time()
 
     @staticmethod
     def _failure(exc: BaseException, failure_message) -> str:
