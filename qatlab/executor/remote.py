@@ -238,6 +238,11 @@ class RemoteRun:
         return self.steps_done / self.total_steps if self.total_steps else 0.0
 
     @property
+    def submitted_at(self) -> float | None:
+        """When start() submitted the run (time.time()); the same as ``started_at``."""
+        return self.started_at
+
+    @property
     def elapsed(self) -> float:
         """Seconds since start() (until the run ended)."""
         if self.started_at is None:
