@@ -427,6 +427,7 @@ def phase_cfg(epochs=3, **phase) -> ql.ExperimentConfig:
     cfg = digits("ternary", epochs=epochs, metrics_every=1)
     cfg.phase.enabled = True
     cfg.phase.adaptive_phases = False
+    cfg.phase.first_correct_every = 1000   # no ramp: CORRECT every correct_every-th step from the start
     for k, v in phase.items():
         setattr(cfg.phase, k, v)
     return cfg

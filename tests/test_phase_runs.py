@@ -28,12 +28,14 @@ class _AnyLoss:
 ANY_LOSS = _AnyLoss()
 
 
-def _stepper(predictor="momentum", warmup=0, loss="cross_entropy"):
+def _stepper(predictor="momentum", warmup=0, loss="cross_entropy", first_correct_every=4):
+    """A PhaseStepper on a small ternary MLP (CORRECT every 4th step; no ramp unless
+    first_correct_every < 4) and its optimizer."""
     mlp = Mlp(SIZES, seed=2, weight_quantizers=[TernaryQuantizer(), TernaryQuantizer()])
     scratch, grads = mlp.scratch(B), mlp.gradients(B)
     opt = Adam(mlp.flat_params(), lr=0.02)
     cfg = PhaseConfig(warmup_steps=warmup, full_steps=3, predict_steps=9, correct_every=4, max_grad_norm=0.3,
-                      loss_threshold=0.05, predictor=predictor)
+                      loss_threshold=0.05, predictor=predictor, first_correct_every=first_correct_every)
     loss = _Loss(loss, SimpleNamespace(task="classification", n_outputs=SIZES[-1]), B)
     return PhaseStepper(cfg, mlp, scratch, grads, loss, FusedStep(mlp, scratch, grads, opt)), opt
 
@@ -80,13 +82,14 @@ def _protocol_step(stepper, opt, x, y, need_loss):
     return loss
 
 
-@pytest.mark.parametrize("predictor, warmup, limit, loss", [("momentum", 0, 5, "cross_entropy"),
-                                                             ("least_squares", 2, 3, "cross_entropy"),
-                                                             ("momentum", 5, 100, "cross_entropy"),
-                                                             ("momentum", 0, 10, "mse")])
-def test_runs_match_step_by_step(predictor, warmup, limit, loss):
+@pytest.mark.parametrize("predictor, warmup, limit, loss, first", [("momentum", 0, 5, "cross_entropy", 1),
+                                                                    ("least_squares", 2, 3, "cross_entropy", 4),
+                                                                    ("momentum", 5, 100, "cross_entropy", 2),
+                                                                    ("momentum", 0, 10, "mse", 2)])
+def test_runs_match_step_by_step(predictor, warmup, limit, loss, first):
+    """first: first_correct_every (the CORRECT spacing's ramp: 1, 2, 3, 4 or 2, 3, 4; 4: none)."""
     X, y = _data()
-    (one, opt1), (runs, opt2) = _stepper(predictor, warmup, loss), _stepper(predictor, warmup, loss)
+    (one, opt1), (runs, opt2) = _stepper(predictor, warmup, loss, first), _stepper(predictor, warmup, loss, first)
     targets = runs.loss_fn.fused_block(y)
     order = np.random.default_rng(1).integers(0, N, 400 * B)
     rng, rng_rows = np.random.default_rng(2), np.random.default_rng(3)

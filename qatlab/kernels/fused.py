@@ -307,14 +307,18 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
                   act, ternary, stes, alphas, ws, bs, wqs, hs, ds, dws, dbs, opt, state0, state1, consts, t0, lrs, p,
                   g, scs, ks, cs, result, corrections, row_out, row_sums):
     """``len(lrs)`` steps of phase training's predict block in one call, from step ``first`` at block
-    position ``pos`` (1-based): the step at position j is CORRECT when ``j % every == 0``, else
-    PREDICT; each one as PhaseTrainer's per-step protocol makes it, timed by kind.
+    position ``pos`` (1-based): the step at position ``pstate[6]`` is CORRECT, and after a CORRECT
+    step at position j the spacing ``pstate[5]`` grows by 1 up to ``every`` and the next CORRECT
+    step is at j + spacing (PhaseTrainer's ramp); the others are PREDICT; each one as
+    PhaseTrainer's per-step protocol makes it, timed by kind.
 
     Predictor: ``anchor`` and ``staging`` float32 (n,) (the anchor g1; the buffer a CORRECT step's
     real gradient goes to -- it then becomes the anchor and the old anchor the next staging
     buffer), ``trend``, ``corr`` (the correction, folded in place), ``pred`` (a CORRECT step's
-    prediction), ``scores`` float64 (4,) (its comparison); ``pstate`` float64 (5,) in/out:
-    anchor_step, correction_step (-1: none), gain, and the gain's running sums a.p and p.p. A step
+    prediction), ``scores`` float64 (4,) (its comparison); ``pstate`` float64 (7,) in/out:
+    anchor_step, correction_step (-1: none), gain, the gain's running sums a.p and p.p, the CORRECT
+    spacing and the block position of the next CORRECT step (the last two are read, and written
+    back as the steps made left them). A step
     s predicts ``anchor_trend(anchor, trend, k, corr, c)`` with k = s - anchor_step (0 without a
     trend: ``has_trend``), c = decay^(s - correction_step) (0 with none).
 
@@ -353,6 +357,7 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
     t_start = monotonic_ns()
     count = lrs.shape[0]
     anchor_step, corr_step, gain, g_num, g_den = pstate[0], pstate[1], pstate[2], pstate[3], pstate[4]
+    spacing, next_correct = int(pstate[5]), int(pstate[6])
     result[:] = 0.0
     result[2] = result[3] = result[5] = result[6] = math.nan
     a_buf, s_buf = anchor, staging
@@ -362,7 +367,7 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
     stopped = False
     while made < count and not stopped:
         j = made
-        while j < count and (pos + j) % every != 0:
+        while j < count and pos + j != next_correct:
             j += 1
         n = j - made                                   # PREDICT steps before step j (CORRECT, or the end)
         if n > 0:
@@ -450,6 +455,8 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
         n_corr += 1
         a_buf, s_buf = s_buf, a_buf                    # the real gradient is the anchor now
         anchor_step = step
+        spacing = min(spacing + 1, every)
+        next_correct = pos + j + spacing
         made = j + 1
         if ri < rows.shape[0] and rows[ri] == j:
             _log_row(row_out[ri], row_sums[ri], loss, monotonic_ns() - t_start, gain, result[2], u - 1, ws, dws,
@@ -457,6 +464,7 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
             ri += 1
         ns_correct += monotonic_ns() - t_correct
     pstate[0], pstate[1], pstate[2], pstate[3], pstate[4] = anchor_step, corr_step, gain, g_num, g_den
+    pstate[5], pstate[6] = spacing, next_correct
     result[0], result[4], result[7], result[8] = made, u, n_corr, right
     result[9], result[10] = monotonic_ns() - t_start - ns_correct, ns_correct
 

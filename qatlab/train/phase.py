@@ -4,10 +4,15 @@ Schedule (``PhaseConfig``; F, P = the current FULL and predict-block lengths)::
 
     WARMUP x warmup_steps (once) -> [ FULL x F -> predict block x P ] -> [ FULL x F -> ... ] ...
 
-Position j = 1..P of the predict block is CORRECT when ``j % correct_every == 0``, else
-PREDICT. A cycle is one FULL run plus its predict block (just FULL when P = 0); with
-F = P = 0 every step after the warmup is FULL and no cycle ever completes. With the
-defaults (F=10, P=40, correct_every=10) 100 steps are 20 FULL + 72 PREDICT + 8 CORRECT.
+Position j = 1..P of the predict block is CORRECT when it is the block's ``s``-th step or comes ``s``
+steps after the block's previous CORRECT step, else PREDICT; the spacing ``s`` starts at
+min(first_correct_every, correct_every) and each CORRECT step adds 1 to it, up to correct_every; it
+carries over from block to block (a ramp: early in training the real gradient turns within a few
+steps, and a long run of predicted steps along one overshoots). A cycle is one FULL run plus its
+predict block (just FULL when P = 0); with F = P = 0 every step after the warmup is FULL and no
+cycle ever completes. With the defaults (F=10, P=40 not adapted, correct_every=10,
+first_correct_every=2) the first block's CORRECT steps are at positions 2, 5, 9, 14, 20, 27, 35,
+the second's at 9, 19, 29, 39 and from the third on at 10, 20, 30, 40.
 
 WARMUP, FULL and CORRECT steps run a backward pass; PREDICT steps do not::
 
@@ -80,7 +85,10 @@ errors) kept longer predict blocks but lost accuracy (mean over 4 seeds -5.0 pp 
 so the rule stays the plain comparison: it errs towards real gradients.
 
 within F in [max(1, F0 // 2), 2 F0] and P in [max(1, P0 // 2), 2 P0] (F0, P0 = configured
-lengths; with P0 = 0 there is no predict block and nothing adapts).
+lengths; with P0 = 0 there is no predict block and nothing adapts). A cycle whose predict block began
+on the ramp (spacing < correct_every) moves nothing: its losses come from early training, when the
+loss falls fast and r is biased low (with them the lengths drifted to F = 5-9, P = 50-80 on digits,
+and the accuracy fell by 1.0 pp over seeds 0-19).
 :meth:`PhaseTrainer.reset` restores the configured lengths (and everything else).
 """
 from __future__ import annotations
@@ -135,7 +143,7 @@ class TrainingPhase(enum.IntEnum):
 
 
 # int codes for the per-step counters (list indices; cheaper than comparing enum members)
-_FULL, _PREDICT = int(TrainingPhase.FULL), int(TrainingPhase.PREDICT)
+_FULL, _PREDICT, _CORRECT = int(TrainingPhase.FULL), int(TrainingPhase.PREDICT), int(TrainingPhase.CORRECT)
 
 
 class StepInfo(NamedTuple):
@@ -158,10 +166,11 @@ class StepInfo(NamedTuple):
 class PredictBlock(NamedTuple):
     """What :meth:`PhaseTrainer.predict_block_run` hands its ``make_steps``: the arguments of
     :func:`qatlab.kernels.fused.predict_block` that describe the run (see there): the predictor's
-    arrays, the ``count`` steps from step ``first`` at block position ``pos`` (CORRECT every
-    ``every``), the prediction's and the fold's constants, the clipping of PREDICT (``max_norm``)
-    and CORRECT (``clip``) steps, the steps that log a metrics row (``rows``, int64), the
-    predictor's ``state`` (in/out) and the ``result`` / ``corrections`` / ``row_out`` buffers;
+    arrays, the ``count`` steps from step ``first`` at block position ``pos`` (CORRECT steps where
+    the ramp puts them, spacing at most ``every``), the prediction's and the fold's constants, the
+    clipping of PREDICT (``max_norm``) and CORRECT (``clip``) steps, the steps that log a metrics row
+    (``rows``, int64), the predictor's and the ramp's ``state`` (in/out) and the ``result`` /
+    ``corrections`` / ``row_out`` buffers;
     ``last_read``: the index of the last step that reads its batch (-1: none)."""
 
     anchor: np.ndarray
@@ -259,6 +268,7 @@ class PhaseTrainer:
         self._config = config.copy()
         c = self._config   # plain copies of what every step reads (a Param attribute costs ~1 us)
         self._warmup_steps, self._correct_every = int(c.warmup_steps), int(c.correct_every)
+        self._first_spacing = min(int(c.first_correct_every), self._correct_every)
         self._accumulation, self._max_grad_norm = int(c.gradient_accumulation), float(c.max_grad_norm)
         self._layout = ParamLayout(param_shapes)
         n = self._layout.size
@@ -268,7 +278,7 @@ class PhaseTrainer:
         self._out_views = self._layout.views(self._out)
         self._predictor = make_predictor(config.predictor, n, self._config.prediction)
         self._checked_run_args = (None, None, None)   # predicted_steps' (opt, params, out) once checked
-        self._block_result, self._block_state = np.zeros(13), np.zeros(5)   # predict_block_run's kernel buffers
+        self._block_result, self._block_state = np.zeros(13), np.zeros(7)   # predict_block_run's kernel buffers
         self._corrections, self._row_out = np.zeros((0, 6)), np.zeros((0, 5))
         self._accumulator = None
         self._compressor = None
@@ -281,6 +291,9 @@ class PhaseTrainer:
         self._full_len, self._predict_len = int(c.full_steps), int(c.predict_steps)
         self._segment = TrainingPhase.WARMUP if c.warmup_steps > 0 else TrainingPhase.FULL
         self._pos = 0
+        self._spacing = self._first_spacing   # CORRECT spacing now (the ramp; module doc)
+        self._next_correct = self._spacing    # block position of the next CORRECT step
+        self._ramp_block = False              # the predict block in progress began on the ramp
         self._prev_phase = None
         self._in_step = False
         self._info = None
@@ -402,9 +415,18 @@ class PhaseTrainer:
 
     def _scheduled_phase(self) -> TrainingPhase:
         if self._segment is TrainingPhase.PREDICT:      # the predict block
-            j = self._pos + 1
-            return TrainingPhase.CORRECT if j % self._correct_every == 0 else TrainingPhase.PREDICT
+            return TrainingPhase.CORRECT if self._pos + 1 == self._next_correct else TrainingPhase.PREDICT
         return self._segment
+
+    def _correct_indices(self, count: int) -> list[int]:
+        """Indices (0-based, in order) of the CORRECT steps among the next ``count`` steps of the
+        predict block in progress, as the ramp places them (module doc)."""
+        found, at, spacing = [], self._next_correct, self._spacing
+        while at <= self._pos + count:
+            found.append(at - self._pos - 1)
+            spacing = min(spacing + 1, self._correct_every)
+            at += spacing
+        return found
 
     def _advance(self) -> None:
         self._pos += 1
@@ -415,6 +437,8 @@ class PhaseTrainer:
             self._predictor.close_block()      # a WARMUP or FULL run is one block
         if self._segment is TrainingPhase.FULL and self._predict_len > 0:
             self._segment = TrainingPhase.PREDICT
+            self._next_correct = self._spacing
+            self._ramp_block = self._spacing < self._correct_every
             return
         if self._segment is not TrainingPhase.WARMUP:
             self._end_cycle()
@@ -424,7 +448,7 @@ class PhaseTrainer:
         self._cycles += 1
         (sum_f, n_f), (sum_p, n_p) = self._cycle_loss
         self._cycle_loss = [[0.0, 0], [0.0, 0]]
-        if not self._config.adaptive_phases or n_f == 0 or n_p == 0:
+        if not self._config.adaptive_phases or n_f == 0 or n_p == 0 or self._ramp_block:
             return
         loss_f, loss_p = sum_f / n_f, sum_p / n_p
         r = (loss_p - loss_f) / max(abs(loss_f), 1e-12)
@@ -686,10 +710,8 @@ class PhaseTrainer:
         step is in progress); :meth:`predicted_steps` can make them in one call."""
         if self._in_step or self._segment is not TrainingPhase.PREDICT:
             return 0
-        j, every = self._pos + 1, self._correct_every
-        if j % every == 0:
-            return 0
-        return min((j // every + 1) * every, self._predict_len + 1) - j
+        j = self._pos + 1
+        return min(self._next_correct, self._predict_len + 1) - j
 
     def predicted_steps(self, count: int, opt, params: np.ndarray, out: np.ndarray,
                         measure=None) -> float | None:
@@ -772,7 +794,7 @@ class PhaseTrainer:
 
     def block_step_is_correct(self, j: int) -> bool:
         """Whether step j (0-based) of the next :meth:`predict_block_run` is a CORRECT step."""
-        return (self._pos + 1 + j) % self._correct_every == 0
+        return j in self._correct_indices(j + 1)
 
     @property
     def row_out(self) -> np.ndarray:
@@ -823,9 +845,10 @@ class PhaseTrainer:
         t0 = _clock()
         pred.prepare()
         first, pos, every = self._total, self._pos + 1, self._correct_every
-        last_correct = (pos + count - 1) // every * every - pos     # its index in the run (< 0: none)
+        last_correct = (self._correct_indices(count) or [-1])[-1]   # its index in the run (-1: none)
         state, result = self._block_state, self._block_result
         pred.export_state(state)
+        state[5], state[6] = self._spacing, self._next_correct      # the ramp, read by the kernel
         if len(self._corrections) < count:
             self._corrections, self._row_out = np.zeros((count, 6)), np.zeros((count, 5))
         run_anchor = pred.anchor
@@ -941,6 +964,9 @@ class PhaseTrainer:
                 acc[0] = _added(acc[0], losses)
                 acc[1] += count
         self._prev_phase = phase
+        if code == _CORRECT:        # the ramp: the next CORRECT step comes one step later than this one did
+            self._spacing = min(self._spacing + 1, self._correct_every)
+            self._next_correct = self._pos + 1 + self._spacing
         self._pos += count - 1
         self._advance()
 

@@ -272,12 +272,12 @@ class GradientPredictor:
         return self._decay, self._weight, self._threshold, self._learn_gain
 
     def export_state(self, out: np.ndarray) -> None:
-        """out float64 (5,) = (anchor_step, correction_step, gain, sum a.p, sum p.p)."""
-        out[:] = (self.anchor_step, self.correction_step, self.gain, self._gain_num, self._gain_den)
+        """out[:5] (float64) = (anchor_step, correction_step, gain, sum a.p, sum p.p)."""
+        out[:5] = (self.anchor_step, self.correction_step, self.gain, self._gain_num, self._gain_den)
 
     def import_state(self, state: np.ndarray, anchor: np.ndarray) -> None:
         """The state a kernel left (:meth:`export_state`'s layout), with ``anchor`` its anchor array."""
-        anchor_step, correction_step, self.gain, self._gain_num, self._gain_den = state.tolist()
+        anchor_step, correction_step, self.gain, self._gain_num, self._gain_den = state[:5].tolist()
         self.anchor_step, self.correction_step, self.anchor = int(anchor_step), int(correction_step), anchor
 
     def adopt(self, grad: np.ndarray, step: int, block: bool) -> np.ndarray:
