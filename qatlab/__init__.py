@@ -49,3 +49,6 @@ def __getattr__(name: str):
         from . import executor
         return getattr(executor, name)
     raise AttributeError(f"module 'qatlab' has no attribute {name!r}")
+
+# Sweeps: grid/random points x seeds on the executor (making a Sweep loads Dask, for its checks).
+from .sweep import MedianStopping, Sweep, SweepResult  # noqa: E402
