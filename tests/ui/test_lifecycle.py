@@ -330,8 +330,21 @@ def _new_runs(server, before: set, count: int, pred, timeout: float = 120.0) -> 
     return found
 
 
+def _socket_closes(server) -> list[float]:
+    """Times (time.time()) of the server log's "WebSocket connection closed" lines."""
+    out = []
+    for line in server.log_path.read_text(errors="replace").splitlines():
+        if "WebSocket connection closed" in line:
+            stamp, ms = line[:23].split(",")
+            out.append(time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(ms) / 1000)
+    return out
+
+
 def _closed_within(server, ids, closed_at: float, timeout: float = 30.0) -> float:
-    """Seconds from ``closed_at`` (time.time()) until the last of ``ids`` ended, by the server's clock."""
+    """Seconds from the server seeing the page's websocket close (the first close it logged after
+    ``closed_at``, a time.time() just before the page was closed) until the last of ``ids`` ended,
+    by the server's clock. (How long a browser on a loaded machine takes to close the socket is
+    not the server's doing; the test prints it.)"""
     runs = {}
 
     def ended():
@@ -340,7 +353,11 @@ def _closed_within(server, ids, closed_at: float, timeout: float = 30.0) -> floa
         return all(r["status"] in ql.runs.DONE for r in runs.values())
     assert _wait(ended, timeout, 0.05), runs
     assert all(r["status"] == "stopped" for r in runs.values()), runs
-    return max((r["finished_at"] for r in runs.values()), default=closed_at) - closed_at
+    last = max(r["finished_at"] for r in runs.values())
+    assert _wait(lambda: any(t >= closed_at - 0.01 for t in _socket_closes(server)), 10), "no close in the log"
+    seen = min(t for t in _socket_closes(server) if t >= closed_at - 0.01)
+    print(f"  page closed -> server saw it {seen - closed_at:.2f} s -> runs stopped {last - seen:.2f} s later")
+    return last - seen
 
 
 @pytest.mark.browser
@@ -354,7 +371,7 @@ def test_browser_closed_pages_stop_their_runs_within_a_second(served):
         closed_at = time.time()
         page.page.close()
         seconds = _closed_within(server, set(runs), closed_at)
-        print(f"{button}: {count} run(s) stopped {seconds:.2f} s after the page closed")
+        print(f"{button}: {count} run(s) stopped {seconds:.2f} s after the server saw the page close")
         assert seconds <= STOP_SECONDS
 
 
@@ -373,7 +390,7 @@ def test_browser_page_closed_before_compare_drew_never_starts(served):
     closed_at = time.time()
     page.page.close()
     seconds = _closed_within(server, set(runs), closed_at)
-    print(f"a comparison waiting for its figures: stopped {seconds:.2f} s after the page closed")
+    print(f"a comparison waiting for its figures: stopped {seconds:.2f} s after the server saw the page close")
     assert seconds <= STOP_SECONDS
     assert all(r["started_at"] is None and r["steps_done"] == 0 for r in server.runs(set(runs)).values())
 
@@ -402,16 +419,20 @@ def test_browser_six_pages_churned_then_closed_free_threads_and_the_log_stays_cl
     for page, _ in pages:
         closed.append(time.time())
         page.page.close()
-    stopped = max(_closed_within(server, i, at) for (_, i), at in zip(pages, closed))
+    for _, i in pages:
+        _closed_within(server, i, closed[0])           # every run stopped
+    assert _wait(lambda: len([t for t in _socket_closes(server) if t >= closed[0] - 0.01]) >= 6, 10)
+    seen = sorted(t for t in _socket_closes(server) if t >= closed[0] - 0.01)   # in the order they closed
+    stopped = max(max(r["finished_at"] for r in server.runs(i).values()) - at for (_, i), at in zip(pages, seen))
     assert _wait(lambda: len(server.inspect()["threads"]) <= len(base["threads"]), 5), \
         (server.inspect()["threads"], base["threads"])
     freed = time.time() - closed[-1]
     after = server.inspect()
     mib = 2 ** 20
     print(f"six pages: {len(busy['threads'])} threads while training, {len(base['threads'])} before; each page's "
-          f"runs stopped at most {stopped:.2f} s after it closed, threads back to baseline {freed:.2f} s after "
-          f"the last closed; RSS {base['rss'] / mib:.0f} -> {busy['rss'] / mib:.0f} -> {after['rss'] / mib:.0f} MiB")
-    assert stopped <= 2 * STOP_SECONDS    # 15 runs and six pages share the two cores here
+          f"runs stopped at most {stopped:.2f} s after the server saw it close, threads back to baseline "
+          f"{freed:.2f} s after the last page.close(); RSS {base['rss'] / mib:.0f} -> {busy['rss'] / mib:.0f} -> {after['rss'] / mib:.0f} MiB")
+    assert stopped <= STOP_SECONDS
     assert not run_threads(after)
     log = server.log_path.read_text(errors="replace")
     for bad in ("Traceback", "AssertionError", "not in list", "Error running"):
