@@ -233,6 +233,25 @@ def test_diverged_status_and_message_come_from_the_trainer(client2, store):
 
 
 @pytest.mark.slow
+def test_a_run_whose_client_closed_stops_on_its_worker(client2, store):
+    from distributed import Client
+    owner = Client(client2.scheduler.address, set_as_default=False, timeout="60s")
+    try:
+        run = RemoteRun(config(epochs=5000), store=store, client=owner).start()
+        wait_for(lambda: len(run.log) > 0, JOIN, "the run's first rows")
+        run.pause()                  # (a paused run too must not hold the worker for nobody)
+        wait_for(lambda: store.get(run.id).status == "paused", 30, "the paused status")
+    finally:
+        owner.close(timeout=30)
+
+    def busy():
+        return sum(client2.run(lambda dask_worker: len(dask_worker.state.executing)).values())
+    wait_for(lambda: busy() == 0, 60, "the worker to drop the abandoned run", every=0.2)
+    assert run.join(JOIN) and run.status == "stopped" and "client closed" in run.message
+    assert store.get(run.id).status == "stopped"
+
+
+@pytest.mark.slow
 def test_missing_data_file_fails_naming_it(client2, store, tmp_path):
     cfg = config()
     cfg.data.dataset, cfg.data.path = "file", str(tmp_path / "absent.npz")

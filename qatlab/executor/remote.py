@@ -350,8 +350,9 @@ class RemoteRun:
         from ..runs import RunResult, failure_message
         fut = self._future
         out = None
-        if fut.cancelled():
-            status, message = "stopped", "stopped before it started"
+        if fut.cancelled():          # stop() of a queued run, or this client closed under a started one
+            status = "stopped"
+            message = "stopped: its Dask client closed" if self._on_worker else "stopped before it started"
         elif fut.status == "error":
             exc = fut.exception()
             self.error = exc

@@ -78,10 +78,12 @@ class _Sender:
 
 
 class _Control:
-    """The client's latest request for the run, polled from its Variable on a daemon thread."""
+    """The client's latest request for the run, polled from its Variable on a daemon thread;
+    ``"stop"`` too once ``abandoned()`` says the task was released (its client is gone), so a
+    paused or long run never holds the worker for nobody."""
 
-    def __init__(self, variable):
-        self.variable = variable
+    def __init__(self, variable, abandoned=lambda: False):
+        self.variable, self.abandoned = variable, abandoned
         self.state = self._read(timeout=30)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="qatlab-control", daemon=True)
@@ -93,6 +95,9 @@ class _Control:
 
     def _poll(self) -> None:
         while not self._closed.wait(POLL_SECONDS):
+            if self.abandoned():
+                self.state = "stop"
+                return
             try:
                 self.state = self._read(timeout=5)
             except Exception:       # scheduler briefly unreachable: keep the last request
@@ -143,7 +148,13 @@ def run_on_worker(config: dict, run_id: str) -> dict:
     check_data_here(cfg.data, worker.address)
     log, sender = _RowLog(), _Sender(worker, topic(run_id))
     sender.event({"kind": "start", "worker": worker.address, "pid": os.getpid(), "host": socket.gethostname()})
-    control = _Control(Variable(control_name(run_id), client=client))
+    key = worker.get_current_task()
+
+    def abandoned() -> bool:       # the scheduler released the task: its client closed or died
+        task = worker.state.tasks.get(key)
+        return task is None or task.state == "cancelled"
+
+    control = _Control(Variable(control_name(run_id), client=client), abandoned)
 
     def report(done: int, total: int) -> bool:
         sender.done, sender.total = done, total
