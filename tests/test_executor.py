@@ -151,6 +151,7 @@ def test_run_on_a_worker_streams_rows_and_matches_in_process(client2, store):
     # rows reach this process and the store while the run trains
     wait_for(lambda: store.get(run.id).n_rows > 0 and len(run.log) > 0, JOIN, "stored rows")
     assert not run.done and store.get(run.id).status == "running"
+    assert run.log.meta["total_steps"] == run.total_steps > 0 and run.log.meta["config"] == cfg.to_dict()
     assert run.join(JOIN) and run.status == "finished", run.message
     assert client2.get_events(topic(run.id)) == ()              # the scheduler forgot the run's rows
     assert run.progress == 1.0 and run.elapsed > 0

@@ -127,6 +127,7 @@ class RemoteRun:
         self.sweep_id, self.point = sweep_id, point
         self.id: str | None = None          # the store's run id, from start()
         self.log = MetricsLog()
+        self.log.meta["config"] = self.config.to_dict()    # (as ql.Run's; the worker adds sizes, total_steps)
         self.status, self.message = "created", ""
         self.worker: str | None = None      # the worker's address once it started the run
         self.worker_pid: int | None = None
@@ -291,6 +292,8 @@ class RemoteRun:
 
     def _take(self, msg: dict) -> None:
         seq, rows = msg["seq"], msg["rows"]
+        if "meta" in msg:
+            self.log.meta.update(msg["meta"])
         if seq + len(rows) <= self._received and rows:
             return                                   # already have them
         if seq > self._received:
@@ -361,6 +364,7 @@ class RemoteRun:
         else:
             out = fut.result()
             self._await_rows(out["rows"])
+            self.log.meta.update(out["meta"])
             status, message = out["status"], out["message"]
             self.worker = self.worker or out["worker"]
         result = RunResult(history=self.log.columns(), final=dict(out["final"]) if out else {},

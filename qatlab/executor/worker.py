@@ -55,13 +55,19 @@ class _RowLog(MetricsLog):
         self.pending.append({k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()})
 
 
+#: MetricsLog.meta entries the trainer sets once it has built the model, sent with the next batch.
+LIVE_META = ("n_layers", "sizes", "total_steps")
+
+
 class _Sender:
-    """Sends the queued rows with the progress as one event; ``sent`` counts the rows sent."""
+    """Sends the queued rows with the progress as one event (and :data:`LIVE_META` once it is
+    known); ``sent`` counts the rows sent."""
 
     def __init__(self, worker, run_topic: str):
         self.worker, self.topic = worker, run_topic
         self.sent, self.last = 0, -math.inf
         self.done = self.total = 0
+        self.meta_sent = False
 
     def event(self, msg: dict) -> None:
         self.worker.log_event(self.topic, msg)
@@ -71,8 +77,12 @@ class _Sender:
         if not force and now - self.last < SEND_SECONDS:
             return
         rows, log.pending = log.pending, []
-        self.event({"kind": "rows", "seq": self.sent, "rows": rows, "done": self.done, "total": self.total,
-                    "sent": time.time()})
+        msg = {"kind": "rows", "seq": self.sent, "rows": rows, "done": self.done, "total": self.total,
+               "sent": time.time()}
+        if not self.meta_sent and "total_steps" in log.meta:
+            msg["meta"] = {k: log.meta[k] for k in LIVE_META if k in log.meta}
+            self.meta_sent = True
+        self.event(msg)
         self.sent += len(rows)
         self.last = now
 
