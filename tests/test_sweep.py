@@ -332,3 +332,11 @@ def test_cli_runs_a_sweep_file_and_prints_the_summary(tmp_path):
     assert lines[0].split()[:3] == ["quant.ste", "runs", "ok"] and len(lines) == 3
     with ql.RunStore(store) as s:
         assert [r.status for r in s.runs(sweep_id="cli")] == ["finished", "finished"]
+
+
+def test_runs_of_the_same_point_under_another_base_config_are_summarised_apart(store):
+    short, long = base(epochs=2), base(epochs=5)
+    for cfg, acc in ((short, 0.5), (long, 0.9)):
+        _stored_run(store, cfg, "s3", {"quant.ste": "identity", "seed": 0}, "finished", {"test_accuracy": acc})
+    rows = SweepResult.from_store(store, "s3").summary
+    assert sorted(row["test_accuracy_mean"] for row in rows) == [0.5, 0.9]

@@ -110,9 +110,9 @@ class SweepResult:
         """One dict per point (fields without the seed): seeds, ``n_runs``, ``n_finished``, a count per
         other status, and ``<metric>_mean/_std/_min/_max/_count`` over the finished runs."""
         groups: dict[str, dict] = {}
-        for r in self.records:
+        for r in self.records:             # a point = the config but its seed (runs of another base stay apart)
             point = {k: v for k, v in (r.point or {}).items() if k != "seed"}
-            key = config_key(point)
+            key = config_key(_without_seed(r.config_dict))
             g = groups.setdefault(key, {"point": point, "records": []})
             g["records"].append(r)
         metrics = self.metrics
@@ -163,6 +163,11 @@ class SweepResult:
         lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
         return "\n".join(lines)
+
+
+def _without_seed(config_dict: dict) -> dict:
+    optim = {k: v for k, v in config_dict.get("optim", {}).items() if k != "seed"}
+    return {**config_dict, "optim": optim}
 
 
 def _stats(metric: str, values) -> dict:
