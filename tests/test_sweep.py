@@ -340,3 +340,12 @@ def test_runs_of_the_same_point_under_another_base_config_are_summarised_apart(s
         _stored_run(store, cfg, "s3", {"quant.ste": "identity", "seed": 0}, "finished", {"test_accuracy": acc})
     rows = SweepResult.from_store(store, "s3").summary
     assert sorted(row["test_accuracy_mean"] for row in rows) == [0.5, 0.9]
+
+
+def test_config_diff_names_the_dotted_fields_that_differ():
+    from qatlab.sweep import config_diff, flat_fields
+    a, b = base(), base()
+    b.quant.ste, b.model.hidden = "tanh", [16, 16]
+    assert config_diff(a, b) == {"model.hidden": ([32], [16, 16]), "quant.ste": ("identity", "tanh")}
+    assert config_diff(a, a.to_dict()) == {}
+    assert flat_fields(a)["optim.epochs"] == 3 and "phase.prediction.momentum" in flat_fields(a)

@@ -4,9 +4,10 @@
 :class:`SweepResult` (:mod:`.result`) gives the table, the per-point summary and ``best()``;
 :class:`MedianStopping` (:mod:`.pruning`) is the optional early-stopping rule.
 """
-from .points import Point, config_key, expand, set_field
+from .points import Point, config_diff, config_key, expand, flat_fields, set_field
 from .pruning import MedianStopping
 from .result import SweepResult
 from .runner import Sweep, SweepHandle
 
-__all__ = ["MedianStopping", "Point", "Sweep", "SweepHandle", "SweepResult", "config_key", "expand", "set_field"]
+__all__ = ["MedianStopping", "Point", "Sweep", "SweepHandle", "SweepResult", "config_diff", "config_key", "expand",
+           "flat_fields", "set_field"]

@@ -53,6 +53,27 @@ def config_key(config_dict: dict) -> str:
     return json.dumps(config_dict, sort_keys=True)
 
 
+def flat_fields(config) -> dict:
+    """``{dotted field: value}`` of an ExperimentConfig or its dict (``{"quant.ste": "tanh", ...}``)."""
+    d = config.to_dict() if isinstance(config, _Config) else config
+    if not isinstance(d, dict):
+        raise TypeError(f"config: expected an ExperimentConfig or its dict, got {type(config).__name__}")
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update({f"{key}.{k}": v for k, v in flat_fields(value).items()})
+        else:
+            out[key] = value
+    return out
+
+
+def config_diff(a, b) -> dict:
+    """The dotted fields whose values differ between two configs (or dicts): ``{field: (a's, b's)}``;
+    a field only one of them has shows None on the other side."""
+    fa, fb = flat_fields(a), flat_fields(b)
+    return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)}
+
+
 def _short(value) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 

@@ -82,13 +82,14 @@ class Sweep:
         """The config key of every planned run (see :func:`~qatlab.sweep.points.config_key`)."""
         return [p.key for p in self.points]
 
-    def submit(self, store=None, client=None) -> "SweepHandle":
-        """Start the sweep and return its handle at once (``stop()``, ``join()``, ``done``, ``result()``)."""
-        return SweepHandle(self, store, client)
+    def submit(self, store=None, client=None, owner=None) -> "SweepHandle":
+        """Start the sweep and return its handle at once (``stop()``, ``join()``, ``done``, ``result()``).
+        owner: the store's owner of its runs (None: this process; a page id: a dashboard page)."""
+        return SweepHandle(self, store, client, owner)
 
-    def run(self, store=None, client=None, progress: bool = True) -> SweepResult:
+    def run(self, store=None, client=None, progress: bool = True, owner=None) -> SweepResult:
         """Run the sweep to its end (a progress bar on stderr with ``progress``); Ctrl-C stops it."""
-        handle = self.submit(store, client)
+        handle = self.submit(store, client, owner)
         bar = _Progress() if progress else None
         try:
             while not handle.join(0.2):
@@ -108,13 +109,13 @@ class SweepHandle:
     """A sweep started by :meth:`Sweep.submit`: ``runs`` (its RemoteRuns so far), ``skipped``
     (configs that had finished in the store before), ``stop()``, ``join()``, ``done``, ``result()``."""
 
-    def __init__(self, sweep: Sweep, store=None, client=None):
+    def __init__(self, sweep: Sweep, store=None, client=None, owner=None):
         from ..executor import cluster
         from ..executor.remote import _store
         from ..store import RunStore
         if store is not None and not isinstance(store, RunStore):
             raise TypeError(f"store: expected a RunStore or None, got {type(store).__name__}")
-        self.sweep = sweep
+        self.sweep, self.owner = sweep, owner
         self.store = store if store is not None else _store()
         self.client = client if client is not None else cluster.connect()
         # (No run is submitted ahead of a free slot: Dask would hand it to a worker's queue, and a
@@ -192,7 +193,7 @@ class SweepHandle:
                 while queue and len(self._active) < self.cap and not self._stop.is_set():
                     p = queue.pop(0)
                     run = RemoteRun(p.config, name=p.label(), store=self.store, client=self.client,
-                                    sweep_id=self.sweep.name, point=p.point)
+                                    owner=self.owner, sweep_id=self.sweep.name, point=p.point)
                     with self._lock:
                         self.runs.append(run)
                         self._active.append(run)
