@@ -229,7 +229,7 @@ class RunsTable(LiveView):
             return
         ids = ", ".join(r.id for r in runs)
         self._ask(f"Delete {len(runs)} run{'s' if len(runs) > 1 else ''} ({ids}) and their metrics "
-                  "from this server?", runs, lambda: [delete_run(r) for r in runs], "delete")
+                  "from this server?", runs, lambda: [delete_run(r) for r in runs if r in all_runs()], "delete")
 
     def _ask(self, text: str, runs: list[Run], action, what: str) -> None:
         self._pending = (runs, action, what)
@@ -257,7 +257,7 @@ class RunsTable(LiveView):
             return False
         try:
             action()
-        except (KeyError, TypeError, ValueError) as exc:   # deleted meanwhile, or a bad name
+        except (TypeError, ValueError) as exc:   # a bad name
             self._say(str(exc))
             return False
         self._say("")

@@ -431,7 +431,8 @@ def test_browser_six_pages_churned_then_closed_free_threads_and_the_log_stays_cl
     mib = 2 ** 20
     print(f"six pages: {len(busy['threads'])} threads while training, {len(base['threads'])} before; each page's "
           f"runs stopped at most {stopped:.2f} s after the server saw it close, threads back to baseline "
-          f"{freed:.2f} s after the last page.close(); RSS {base['rss'] / mib:.0f} -> {busy['rss'] / mib:.0f} -> {after['rss'] / mib:.0f} MiB")
+          f"{freed:.2f} s after the last page.close(); "
+          f"RSS {base['rss'] / mib:.0f} -> {busy['rss'] / mib:.0f} -> {after['rss'] / mib:.0f} MiB")
     assert stopped <= STOP_SECONDS
     assert not run_threads(after)
     log = server.log_path.read_text(errors="replace")
