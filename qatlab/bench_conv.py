@@ -284,7 +284,9 @@ def run(opts: BenchOptions) -> SuiteResult:
     notes = [f"one step = forward, cross-entropy, backward (no input gradient), Adam update; {recipe}",
              "floor = the step's 8 matrix products (numpy matmul on im2col matrices built beforehand); "
              "no im2col, activation, pooling, loss or optimizer work",
-             "fake: symmetric 4-bit per output channel, min/max scale every step; ternary: absmean; identity STE"]
+             "fake: symmetric 4-bit per output channel, min/max scale every step; ternary: absmean; identity STE",
+             "breakdown: differences of separately timed calls; a piece smaller than the machine's noise "
+             "(Adam over 44k parameters) can come out negative on a loaded machine"]
     if torch is None:
         notes.append("torch is not importable here: the PyTorch columns are empty")
     else:
