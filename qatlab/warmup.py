@@ -11,6 +11,7 @@ the warm-up did not cover compiles on its first step).
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Callable
@@ -76,6 +77,7 @@ class _CompileCounter(_nb_event.Listener):
 
 _counter = _CompileCounter()
 _nb_event.register("numba:compile", _counter)
+_log = logging.getLogger("qatlab.warmup")
 _status = WarmupStatus()
 _start_lock = threading.Lock()
 _thread: threading.Thread | None = None
@@ -128,6 +130,7 @@ def warmup(configs=None, progress: Callable[[list[str]], None] | None = None) ->
         else:
             lines = result.message.strip().splitlines()
             _status.error = f"{label}: {result.status}" + (f": {lines[-1]}" if lines else "")
+            _log.warning("warm-up of %s did not finish (its runs compile on first use): %s", label, _status.error)
         with _status._lock:
             _status.left = [lab for lab, _ in pairs[i + 1:]]
             _status.seconds.update(seconds)
@@ -157,6 +160,7 @@ def _run_logged(configs) -> None:
         warmup(configs)
     except Exception as exc:   # a warm-up failure must not take the server down; runs compile lazily then
         _status.error = f"{type(exc).__name__}: {exc}"
+        _log.warning("kernel warm-up failed (runs compile on first use): %s", _status.error)
         with _status._lock:
             _status.left = []
 

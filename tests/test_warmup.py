@@ -166,3 +166,17 @@ def test_after_the_warmup_full_runs_need_no_new_kernel():
     missed = {d.py_func.__qualname__: sigs - before.get(d, set()) for d, sigs in _overloads().items()
               if sigs - before.get(d, set())}
     assert not missed
+
+
+@pytest.mark.slow
+def test_a_config_that_fails_is_reported_and_the_rest_still_warms(monkeypatch, caplog, tmp_path):
+    bad = ql.ExperimentConfig()
+    bad.data.dataset, bad.data.path = "file", str(tmp_path / "missing.npz")
+    good = ql.ExperimentConfig()
+    good.data.dataset, good.data.n_samples = "synthetic", 200
+    monkeypatch.setattr(warmup._status, "error", "")
+    with caplog.at_level("WARNING", logger="qatlab.warmup"):
+        seconds = warmup.warmup([("bad", bad), ("good", good)])
+    assert list(seconds) == ["good"]
+    assert warmup._status.error.startswith("bad: failed"), warmup._status.error
+    assert "bad" in caplog.text and warmup.status()[0] == 0
