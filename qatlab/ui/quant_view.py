@@ -24,6 +24,7 @@ from ..runs import Run
 from . import figures as F
 from .base import LiveView, bokeh_pane
 from .streaming import n_layers_of
+from .summary_view import ModelSummaryPanel
 
 BINS = 60
 MAX_LEVELS = 64            # at most this many distinct quantized values are drawn as bars
@@ -86,6 +87,7 @@ class QuantView(LiveView):
         self._snapshot = None
         self._fitted: dict = {}       # histogram range id -> (start, end) set last (a user zoom differs)
         self.intro = pn.pane.Markdown("No run yet: press **Start** to see its weights.", margin=(5, 10))
+        self.model_summary = ModelSummaryPanel()   # ql.summary of the run's config (CSS qatlab-model-summary)
         self._plots = pn.Column(sizing_mode="stretch_width")
         self._layout = pn.Column(self.intro, self._plots, sizing_mode="stretch_width")
         self.follow_run(run)
@@ -94,6 +96,7 @@ class QuantView(LiveView):
         """(Re)create histogram and time-series figures for the current run."""
         self.figures, self.hist_sources, self._snapshot, self._fitted = {}, {}, None, {}
         run = self.run
+        self.model_summary.show(None if run is None else run.config)
         if run is None:
             self._plots.objects = []
             return
@@ -135,7 +138,8 @@ class QuantView(LiveView):
         self.figures.update({"fractions": frac, "scale": scale, "saturation": sat, "sqnr": sqnr})
         series = pn.GridBox(bokeh_pane(frac), bokeh_pane(scale), bokeh_pane(sat), bokeh_pane(sqnr), ncols=2,
                             sizing_mode="stretch_width")
-        self._plots.objects = [pn.pane.Markdown("### Weights: latent vs quantized", margin=(0, 10)), *rows,
+        self._plots.objects = [pn.pane.Markdown("### Model summary", margin=(0, 10)), self.model_summary.pane,
+                               pn.pane.Markdown("### Weights: latent vs quantized", margin=(0, 10)), *rows,
                                pn.pane.Markdown("### Quantizer over time", margin=(0, 10)), series]
         self.refresh()
 
