@@ -69,10 +69,12 @@ def _bad_texts(field: Field) -> list[str]:
 
 
 def _all_fields_config(architecture: str) -> ql.ExperimentConfig:
-    """Fake weights and activations, momentum, synthetic data; phases with the mlp (not the cnn)."""
+    """Fake weights and activations, momentum; the mlp with phases and synthetic data, the cnn with
+    images (neither phases nor flat synthetic features apply to it)."""
     cfg = ql.ExperimentConfig()
     cfg.quant.weights, cfg.quant.activations, cfg.optim.optimizer = "fake", "fake", "momentum"
-    cfg.data.dataset, cfg.model.architecture = "synthetic", architecture
+    cfg.data.dataset = "synthetic" if architecture == "mlp" else "mnist"
+    cfg.model.architecture = architecture
     cfg.phase.enabled = architecture == "mlp"
     return cfg
 
