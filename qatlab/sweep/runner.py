@@ -190,7 +190,7 @@ class SweepHandle:
         try:
             while True:
                 self._reap()
-                while queue and len(self._active) < self.cap and not self._stop.is_set():
+                while queue and self._busy() < self.cap and not self._stop.is_set():
                     p = queue.pop(0)
                     run = RemoteRun(p.config, name=p.label(), store=self.store, client=self.client,
                                     owner=self.owner, sweep_id=self.sweep.name, point=p.point)
@@ -214,6 +214,11 @@ class SweepHandle:
             self._reap()
         finally:
             self._ended.set()
+
+    def _busy(self) -> int:
+        """Runs holding a worker slot: a run whose task has ended frees its slot while its result is
+        still being fetched and stored, so the next run starts that much sooner."""
+        return sum(not _task_ended(run) for run in self._active)
 
     def _reap(self) -> None:
         """Forget ended runs; a run stopped by the rule is stored as ``pruned``."""
@@ -246,6 +251,11 @@ class SweepHandle:
             if step is not None:
                 self._to_prune[run] = step
                 run.stop()
+
+
+def _task_ended(run) -> bool:
+    future = getattr(run, "_future", None)      # (RemoteRun's Dask future: done once the worker is free)
+    return run.join(0) or (future is not None and future.done())
 
 
 class _Progress:
