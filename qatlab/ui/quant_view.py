@@ -104,14 +104,14 @@ class QuantView(LiveView):
         rs = self.hub.stream(run)
         x, xr, rid = self.x_field, F.shared_x_range(), run.id
         n = n_layers_of(run.config)
-        rows = []
+        rows, names = [], self._layer_names(n)
         for i in range(n):
             lat = self.hist_sources[f"latent-{i}"] = ColumnDataSource(dict(_EMPTY), name=f"hist-latent-layer{i}")
             qnt = self.hist_sources[f"quant-{i}"] = ColumnDataSource(dict(_EMPTY), name=f"hist-quant-layer{i}")
             hx = Range1d(-1.0, 1.0)  # latent and quantized W of a layer share the x axis (set in refresh)
-            f1 = F.histogram_figure(f"Layer {i} · latent W", lat, name=f"fig-hist-latent-{i}",
+            f1 = F.histogram_figure(f"{names[i]} · latent W", lat, name=f"fig-hist-latent-{i}",
                                     renderer_name=f"hist-latent-{i}", color="#1f77b4", x_range=hx)
-            f2 = F.histogram_figure(f"Layer {i} · quantized W", qnt, name=f"fig-hist-quant-{i}",
+            f2 = F.histogram_figure(f"{names[i]} · quantized W", qnt, name=f"fig-hist-quant-{i}",
                                     renderer_name=f"hist-quant-{i}", color="#ff7f0e", x_range=hx)
             self.figures[f"hist-latent-{i}"], self.figures[f"hist-quant-{i}"] = f1, f2
             rows.append(pn.Row(bokeh_pane(f1), bokeh_pane(f2), sizing_mode="stretch_width"))
@@ -162,6 +162,14 @@ class QuantView(LiveView):
             self.hist_sources[f"quant-{i}"].data = qnt
             F.fit_histogram(self.figures[f"hist-latent-{i}"], lat, [lat, qnt], self._fitted)
             F.fit_histogram(self.figures[f"hist-quant-{i}"], qnt, [lat, qnt], self._fitted)
+
+    def _layer_names(self, n: int) -> list[str]:
+        """Histogram titles: ``Layer i``, with the summary's name (conv0, dense1, ...) for a cnn."""
+        s = self.model_summary.summary
+        named = [r["name"] for r in s.layers if r["weights"]] if s is not None else []
+        if self.run.config.model.architecture != "cnn" or len(named) != n:
+            return [f"Layer {i}" for i in range(n)]
+        return [f"Layer {i} ({name})" for i, name in enumerate(named)]
 
     def shown_runs(self) -> list:
         return [self.run] if self.run is not None else []

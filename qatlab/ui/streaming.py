@@ -140,8 +140,9 @@ def _empty(columns) -> dict:
 
 
 def n_layers_of(config) -> int:
-    """Number of weight layers of the MLP an ExperimentConfig describes."""
-    return len(config.model.hidden) + 1
+    """Number of weight layers of the model an ExperimentConfig describes (a cnn's conv layers first)."""
+    m = config.model
+    return len(m.hidden) + 1 + (len(m.conv_channels) if m.architecture == "cnn" else 0)
 
 
 def train_columns(config) -> list[str]:

@@ -47,6 +47,10 @@ def test_summary_panel_equals_ql_summary_of_the_trained_model_and_survives_relea
     assert f"{expected.totals['compression']:.2f}&times;" in html
     assert f"{expected.layers[0]['macs']:,}" in html
     assert view.model_summary.pane in view._plots.objects
+    # every weight layer of the cnn gets its histograms, titled by the summary's layer names
+    assert sorted(k for k in view.hist_sources if k.startswith("latent-")) == [f"latent-{i}" for i in range(4)]
+    assert view.figures["hist-latent-2"].title.text == "Layer 2 (dense0) · latent W"
+    assert view.hist_sources["latent-0"].data["count"].sum() == 4 * 1 * 5 * 5   # conv0's weights
 
     run.release()
     assert run.result.model is None
