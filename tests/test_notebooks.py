@@ -20,7 +20,8 @@ pytest.importorskip("ipykernel")
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-NAMES = ["01_quickstart.ipynb", "02_ste_comparison.ipynb", "03_phase_training.ipynb", "04_sweeps.ipynb"]
+NAMES = ["01_quickstart.ipynb", "02_ste_comparison.ipynb", "03_phase_training.ipynb", "04_sweeps.ipynb",
+         "05_cnn.ipynb"]
 CELL_TIMEOUT = 60  # seconds; each notebook is meant to finish in well under a minute
 
 
