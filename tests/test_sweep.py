@@ -352,3 +352,8 @@ def test_config_diff_names_the_dotted_fields_that_differ():
     assert config_diff(a, b) == {"model.hidden": ([32], [16, 16]), "quant.ste": ("identity", "tanh")}
     assert config_diff(a, a.to_dict()) == {}
     assert flat_fields(a)["optim.epochs"] == 3 and "phase.prediction.momentum" in flat_fields(a)
+
+
+def test_the_sweep_bench_suite_is_registered():
+    from qatlab import benchkit
+    assert "sweep" in benchkit.KNOWN_SUITES and benchkit.load_suite("sweep").name == "sweep"
