@@ -3,8 +3,8 @@
 The sidebar is set the way a person would (Dataset mnist, Architecture cnn, small conv channels,
 one epoch), Start is pressed, and the run must finish with a loss curve in the page and the
 Quantization tab's model summary (``.qatlab-model-summary``) showing its conv rows with the
-numbers of ``ql.summary`` for that config, and a weight histogram per conv and dense layer. The page must log no console error and the server
-no traceback.
+numbers of ``ql.summary`` for that config, and a weight histogram per conv and dense layer. The
+page must log no console error or warning, and the server no traceback or ERROR line.
 
 Skips with a reason when playwright or chromium is missing, unless ``QATLAB_REQUIRE_BROWSER=1``.
 """
@@ -40,6 +40,9 @@ def _wait_for(fn, timeout: float, what: str, step: float = 0.1):
 def dash(chromium, app_server):
     context = chromium.new_context(viewport={"width": 1400, "height": 900})
     page = DashboardPage(context.new_page(), app_server.url)
+    page.console_warnings = []
+    page.page.on("console", lambda m: page.console_warnings.append(f"console.{m.type}: {m.text}")
+                 if m.type == "warning" else None)
     page.open(timeout=90)
     yield page
     context.close()
@@ -83,6 +86,7 @@ def test_cnn_on_mnist_trains_from_the_page(dash):
 
 def test_page_and_server_stayed_clean(dash, app_server):
     assert dash.console_errors == [], "\n".join(dash.console_errors)
+    assert dash.console_warnings == [], "\n".join(dash.console_warnings)
     assert "Traceback" not in dash.body_text()
     lines = app_server.log_path.read_text(errors="replace").splitlines()
     bad = [line for line in lines if re.search(r"Traceback|\bERROR\b", line)]
