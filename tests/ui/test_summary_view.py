@@ -81,8 +81,8 @@ def test_summary_of_an_mlp_and_the_dataset_sizes():
     assert data_sizes(cfg) == (12, 3, None)
     panel = ModelSummaryPanel()
     panel.show(cfg)
-    assert [r["macs"] for r in panel.summary.layers] == [12 * h for h in cfg.model.hidden][:1] + \
-        [a * b for a, b in zip(cfg.model.hidden, [*cfg.model.hidden[1:], 3])]
+    sizes = [12, *cfg.model.hidden, 3]
+    assert [r["macs"] for r in panel.summary.layers] == [a * b for a, b in zip(sizes[:-1], sizes[1:])]
     assert summary_html(panel.summary).count("qatlab-summary-dense") == len(cfg.model.hidden) + 1
 
 
