@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 DONE = ("finished", "stopped", "diverged", "failed")
 CONV_CHANNELS = [4, 8]
 HIDDEN = [16]
+KERNEL, POOL = 5, 2
 
 
 def _wait_for(fn, timeout: float, what: str, step: float = 0.1):
@@ -54,6 +55,8 @@ def expected_summary() -> ql.ModelSummary:
     cfg.model.architecture = "cnn"
     cfg.model.conv_channels = CONV_CHANNELS
     cfg.model.hidden = HIDDEN
+    cfg.model.kernel_size, cfg.model.pool = KERNEL, POOL
+    cfg.quant.weights = "ternary"
     return config_summary(cfg)
 
 
@@ -61,6 +64,9 @@ def test_cnn_on_mnist_trains_from_the_page(dash):
     dash.select("Dataset", "mnist")
     dash.select("Architecture", "cnn")
     dash.set_input("Conv channels", ", ".join(map(str, CONV_CHANNELS)))
+    dash.set_input("Kernel size", KERNEL)
+    dash.set_input("Pool", POOL)
+    dash.select("Weights", "ternary")
     dash.set_input("Hidden sizes (list)", ", ".join(map(str, HIDDEN)))
     dash.set_input("Epochs", 1)
     before = set(dash.source_lengths())
@@ -79,7 +85,7 @@ def test_cnn_on_mnist_trains_from_the_page(dash):
     for r in s.layers:
         assert r["name"] in table and f"{r['macs']:,}" in table, (r["name"], table)
     assert f"{s.totals['params']:,}" in table and f"{s.totals['compression']:.2f}" in table, table
-    assert "ternary" in table     # the dashboard's default weights
+    assert "ternary" in table
     n_weight_layers = len(CONV_CHANNELS) + len(HIDDEN) + 1
     assert dash.model_names("fig-hist-latent-") == [f"fig-hist-latent-{i}" for i in range(n_weight_layers)]
 
