@@ -25,6 +25,7 @@ import numpy as np
 
 from .config import ExperimentConfig
 from .metrics import MetricsLog
+from .progress import RunProgress
 from .ste import SteKind
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,7 @@ def release_ended(keep: int = KEEP_MODELS) -> list["Run"]:
     return old
 
 
-class Run:
+class Run(RunProgress):
     """One experiment in a background thread.
 
     Args:
@@ -252,28 +253,6 @@ class Run:
     @property
     def done(self) -> bool:
         return self.status in DONE
-
-    @property
-    def progress(self) -> float:
-        """Share of the planned steps done, 0..1."""
-        return self.steps_done / self.total_steps if self.total_steps else 0.0
-
-    @property
-    def elapsed(self) -> float:
-        """Seconds since start (until finish)."""
-        if self.started_at is None:
-            return 0.0
-        return (self.finished_at or time.time()) - self.started_at
-
-    @property
-    def steps_per_second(self) -> float:
-        return self.steps_done / self.elapsed if self.elapsed > 0 else 0.0
-
-    @property
-    def eta(self) -> float:
-        """Estimated seconds left (nan before the first step)."""
-        rate = self.steps_per_second
-        return (self.total_steps - self.steps_done) / rate if rate > 0 else float("nan")
 
     # ------------------------------------------------------------------ trainer side
 

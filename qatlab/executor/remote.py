@@ -23,6 +23,7 @@ import weakref
 
 from ..config import ExperimentConfig
 from ..metrics import MetricsLog
+from ..progress import RunProgress
 from . import cluster
 from .worker import WorkerLost, claim_name, control_name, forget_topic, run_on_worker, topic
 
@@ -95,7 +96,7 @@ def check_resources(cfg: ExperimentConfig) -> None:
     check_memory(cfg, n_train, n_test, n_features, n_outputs, image_shape=image_shape)
 
 
-class RemoteRun:
+class RemoteRun(RunProgress):
     """One experiment trained on a Dask worker.
 
     Args:
@@ -234,31 +235,9 @@ class RemoteRun:
         return self.status in DONE
 
     @property
-    def progress(self) -> float:
-        """Share of the planned steps done, 0..1 (as of the last batch of rows)."""
-        return self.steps_done / self.total_steps if self.total_steps else 0.0
-
-    @property
     def submitted_at(self) -> float | None:
         """When start() submitted the run (time.time()); the same as ``started_at``."""
         return self.started_at
-
-    @property
-    def elapsed(self) -> float:
-        """Seconds since start() (until the run ended)."""
-        if self.started_at is None:
-            return 0.0
-        return (self.finished_at or time.time()) - self.started_at
-
-    @property
-    def steps_per_second(self) -> float:
-        return self.steps_done / self.elapsed if self.elapsed > 0 else 0.0
-
-    @property
-    def eta(self) -> float:
-        """Estimated seconds left (nan before the first steps arrived)."""
-        rate = self.steps_per_second
-        return (self.total_steps - self.steps_done) / rate if rate > 0 else float("nan")
 
     def history(self) -> dict:
         """The rows received so far, ``{column: float64 array}`` (as ``MetricsLog.columns()``)."""

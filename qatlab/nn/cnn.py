@@ -26,7 +26,7 @@ from .. import parallel
 from ..kernels.conv import maxpool_backward, maxpool_forward
 from ..kernels.dense import ACT_CODES, IDENTITY, act_backward_inplace, bias_act_inplace
 from .layers import ConvGeom, conv_backward, conv_forward, he_normal, pair, pool_size
-from .mlp import Gradients, _check_choice, _check_quantizers, _layer, _readonly, _views
+from .mlp import Gradients, QuantizedLayers, _check_choice, _layer, _readonly, _views
 
 
 def check_image_shape(image_shape) -> tuple[int, int, int]:
@@ -69,7 +69,7 @@ def conv_plan(image_shape, conv_channels, kernel_size, pool):
     return plan
 
 
-class Cnn:
+class Cnn(QuantizedLayers):
     """[conv -> activation -> (quantizer) -> max pool] x len(conv_channels), flatten, dense layers.
 
     image_shape: (C, H, W) of the inputs (a 1-d signal is (C, 1, L): kernels then span one row,
@@ -117,25 +117,6 @@ class Cnn:
 
     def _matrix_shapes(self):
         return [(g.c_out, g.ck) for g, _, _ in self._plan] + list(zip(self.dense_sizes[1:], self.dense_sizes[:-1]))
-
-    # -- quantizers and parameters (as Mlp) ---------------------------------------------------
-    def set_quantizers(self, weight_quantizers=None, activation_quantizers=None) -> None:
-        """Replace both quantizer lists (validated first; nothing changes on error)."""
-        wq = _check_quantizers("weight_quantizers", weight_quantizers, self.num_layers)
-        aq = _check_quantizers("activation_quantizers", activation_quantizers, self.num_layers - 1)
-        self._wq, self._aq = wq, aq
-
-    @property
-    def weight_quantizers(self) -> tuple:
-        return tuple(self._wq)
-
-    @property
-    def activation_quantizers(self) -> tuple:
-        return tuple(self._aq)
-
-    def weights(self, i: int) -> np.ndarray:
-        """Latent weights of layer i as a writable (out, in) float32 view (conv: (Cout, C*kh*kw))."""
-        return self._w[_layer(i, self.num_layers)]
 
     def conv_weight(self, i: int) -> np.ndarray:
         """Conv layer i's kernel as a writable (Cout, C, kh, kw) view of the same memory."""

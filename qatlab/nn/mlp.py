@@ -112,7 +112,31 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return v
 
 
-class Mlp:
+class QuantizedLayers:
+    """The quantizer lists and per-layer weight views shared by :class:`Mlp` and the Cnn
+    (``num_layers``, ``_w`` (one weight view per layer), ``_wq``, ``_aq`` are the model's)."""
+
+    def set_quantizers(self, weight_quantizers=None, activation_quantizers=None) -> None:
+        """Replace both quantizer lists (validated first; nothing changes on error)."""
+        wq = _check_quantizers("weight_quantizers", weight_quantizers, self.num_layers)
+        aq = _check_quantizers("activation_quantizers", activation_quantizers, self.num_layers - 1)
+        self._wq, self._aq = wq, aq
+
+    @property
+    def weight_quantizers(self) -> tuple:
+        return tuple(self._wq)
+
+    @property
+    def activation_quantizers(self) -> tuple:
+        return tuple(self._aq)
+
+    def weights(self, i: int) -> np.ndarray:
+        """Latent weights of layer i: writable float32 (out, in) view of the flat parameters
+        (a conv layer's is (Cout, C*kh*kw))."""
+        return self._w[_layer(i, self.num_layers)]
+
+
+class Mlp(QuantizedLayers):
     """Dense MLP ``sizes[0] -> ... -> sizes[-1]`` with float32 latent parameters.
 
     sizes: >= 2 positive ints, e.g. ``[64, 256, 10]``. activation: one of :data:`ACTIVATIONS`
@@ -156,25 +180,7 @@ class Mlp:
         self.set_quantizers(weight_quantizers, activation_quantizers)
         self._last_batch = 0
 
-    def set_quantizers(self, weight_quantizers=None, activation_quantizers=None) -> None:
-        """Replace both quantizer lists (validated first; nothing changes on error)."""
-        wq = _check_quantizers("weight_quantizers", weight_quantizers, self.num_layers)
-        aq = _check_quantizers("activation_quantizers", activation_quantizers, self.num_layers - 1)
-        self._wq, self._aq = wq, aq
-
-    @property
-    def weight_quantizers(self) -> tuple:
-        return tuple(self._wq)
-
-    @property
-    def activation_quantizers(self) -> tuple:
-        return tuple(self._aq)
-
     # -- parameters -------------------------------------------------------------------------
-    def weights(self, i: int) -> np.ndarray:
-        """Latent weights of layer i: writable float32 view (out, in) of :meth:`flat_params`."""
-        return self._w[_layer(i, self.num_layers)]
-
     def biases(self, i: int) -> np.ndarray | None:
         """Biases of layer i: writable float32 view (out,), or None when ``bias=False``."""
         i = _layer(i, self.num_layers)
