@@ -16,7 +16,7 @@ SERVE_ARGS ?=
 NB_STAMP := $(VENV)/.notebooks-installed
 NB_PORT ?= 8888
 
-.PHONY: serve test bench install notebooks
+.PHONY: serve test test-fast bench install notebooks
 
 install: $(STAMP)
 
@@ -34,6 +34,10 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# Everything but the tests that train real models or drive the browser.
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow and not browser" -q
 
 bench: $(STAMP)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q 'torch==2.13.0'
