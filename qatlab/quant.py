@@ -215,8 +215,8 @@ def _channel_view(x: np.ndarray, axis: int) -> np.ndarray:
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis: {axis} is out of range for an array of shape {x.shape}")
     axis %= x.ndim
-    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
-    inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+    outer = math.prod(x.shape[:axis])       # math.prod: np.prod costs ~10 us per call on the hot path
+    inner = math.prod(x.shape[axis + 1:])
     return x.reshape(outer, x.shape[axis], inner)
 
 

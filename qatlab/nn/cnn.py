@@ -25,7 +25,7 @@ import numpy as np
 from .. import parallel
 from ..kernels.conv import maxpool_backward, maxpool_forward
 from ..kernels.dense import ACT_CODES, IDENTITY, act_backward_inplace, bias_act_inplace
-from .layers import ConvGeom, conv_backward, conv_forward, he_normal, pair, pool_size
+from .layers import ConvGeom, by_images, conv_backward, conv_forward, he_normal, pair, pool_size
 from .mlp import Gradients, QuantizedLayers, _check_choice, _layer, _readonly, _views
 
 
@@ -198,7 +198,9 @@ class Cnn(QuantizedLayers):
                 aq.forward(a, s.actq[l])
                 a = s.actq[l]
             if s.pooled[l] is not a:
-                maxpool_forward(a, p[0], p[1], p[0], p[1], s.pooled[l], s.idx[l])
+                y, idx = s.pooled[l], s.idx[l]
+                by_images(lambda lo, hi: maxpool_forward(a[lo:hi], p[0], p[1], p[0], p[1], y[lo:hi], idx[lo:hi]),
+                          B, a.size)
                 a = s.pooled[l]
         a = a.reshape(B, -1)
         last = self.num_layers - 1
@@ -266,7 +268,8 @@ class Cnn(QuantizedLayers):
             g, p, _ = self._plan[l]
             d = gb.g_out[l]                               # dL/d(layer l's output after its pool)
             if s.idx[l] is not None:
-                maxpool_backward(d, s.idx[l], gb.g_act[l])
+                idx, dx_pool = s.idx[l], gb.g_act[l]
+                by_images(lambda lo, hi: maxpool_backward(d[lo:hi], idx[lo:hi], dx_pool[lo:hi]), B, dx_pool.size)
                 d = gb.g_act[l]
             aq = self._aq[l]
             if aq is not None:

@@ -61,21 +61,24 @@ MIN_SPLIT_MACS = 1 << 22
 #: Column blocks of a split product: fixed, not the core count, because BLAS computes a block's
 #: columns in the last bits differently from the whole product's; one core runs them one by one.
 GEMM_PARTS = 2
+#: A product with fewer columns than this stays whole (the conv weight gradient dz @ cols.T: 25
+#: columns, 36864 inner): two OpenBLAS calls of that shape at once took 1.2 ms, one whole 0.67 ms.
+MIN_BLOCK_COLUMNS = 64
 
 
 def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """out = a @ b (float32); large products in :data:`GEMM_PARTS` column blocks of b/out, run on the
-    cores. The blocks depend only on the shapes, so a run gives the same bits on any core count."""
+    """out = a @ b (float32); large products with enough columns in :data:`GEMM_PARTS` column blocks
+    of b/out, run on the cores. The blocks depend only on the shapes, so a run gives the same bits
+    on any core count."""
     m, k = a.shape
     n = b.shape[1]
-    parts = min(GEMM_PARTS, n // 8) if m * k * n >= MIN_SPLIT_MACS else 1
-    if parts < 2:
+    if m * k * n < MIN_SPLIT_MACS or n < MIN_BLOCK_COLUMNS:
         return np.dot(a, b, out=out)
-    parallel.split_rows(lambda lo, hi: np.matmul(a, b[:, lo:hi], out=out[:, lo:hi]), n, parts)
+    parallel.split_rows(lambda lo, hi: np.matmul(a, b[:, lo:hi], out=out[:, lo:hi]), n, GEMM_PARTS)
     return out
 
 
-def _by_images(fn, n_images: int, n_elements: int) -> None:
+def by_images(fn, n_images: int, n_elements: int) -> None:
     """``fn(lo, hi)`` over ranges of images, on the cores when the buffer is large (the ranges write
     disjoint parts of the output, so the result is the same however they are split)."""
     if n_elements >= parallel.MIN_ELEMENTS and n_images >= 2 * parallel.cores():
@@ -127,9 +130,10 @@ class ConvGeom:
 def conv_forward(g: ConvGeom, x, w2, bias, act: int, cols, z, y) -> None:
     """y (B, Cout, OH, OW) = act(conv(x) + bias) for x (B, C, H, W); w2 (Cout, ck); scratch cols
     (ck, B*p) and z (Cout, B*p) (kept for the backward)."""
-    _by_images(lambda lo, hi: im2col(x, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, lo, hi, cols), x.shape[0], cols.size)
+    B, P = x.shape[0], g.p
+    by_images(lambda lo, hi: im2col(x, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, lo, hi, cols), B, cols.size)
     gemm(w2, cols, z)
-    cols_to_nchw(z, bias, act, y.reshape(y.shape[0], g.c_out, g.p))
+    cols_to_nchw(z, bias, act, y.reshape(B, g.c_out, P))
 
 
 def conv_backward(g: ConvGeom, dy, y, act: int, cols, w2, dz, dw2, db, dcols=None, dx=None) -> None:
@@ -140,7 +144,7 @@ def conv_backward(g: ConvGeom, dy, y, act: int, cols, w2, dz, dw2, db, dcols=Non
     gemm(dz, cols.T, dw2)
     if dx is not None:
         gemm(w2.T, dz, dcols)
-        _by_images(lambda lo, hi: col2im(dcols, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, lo, hi, dx), B, dcols.size)
+        by_images(lambda lo, hi: col2im(dcols, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, lo, hi, dx), B, dcols.size)
 
 
 def pool_size(size: int, k: int, s: int) -> int:
