@@ -2,7 +2,9 @@
 
 Shared by the in-process :class:`~qatlab.runs.Run` and the Dask
 :class:`~qatlab.executor.RemoteRun`, which fill ``steps_done``, ``total_steps``, ``started_at``
-and ``finished_at`` (``time.time()``, None until they happen) each in their own way.
+and ``finished_at`` (``time.time()``, None until they happen) each in their own way. Time spent
+paused (``_pause_began``/``_pause_ended``) does not count as elapsed, so the rate and ETA hold
+still while a run is paused; a subclass that never calls them simply has no paused time.
 """
 from __future__ import annotations
 
@@ -16,6 +18,20 @@ class RunProgress:
     total_steps: int
     started_at: float | None
     finished_at: float | None
+    paused_seconds: float = 0.0       # closed pauses, summed
+    paused_since: float | None = None  # start of the open pause, if any
+
+    def _pause_began(self, now: float | None = None) -> None:
+        """Record that the run is paused from ``now`` (a second call keeps the first time)."""
+        if self.paused_since is None:
+            self.paused_since = time.time() if now is None else now
+
+    def _pause_ended(self, now: float | None = None) -> None:
+        """Close the open pause, adding its length to ``paused_seconds``."""
+        if self.paused_since is not None:
+            now = time.time() if now is None else now
+            self.paused_seconds += max(0.0, now - self.paused_since)
+            self.paused_since = None
 
     @property
     def progress(self) -> float:
@@ -24,10 +40,14 @@ class RunProgress:
 
     @property
     def elapsed(self) -> float:
-        """Seconds since start (until the run ended)."""
+        """Seconds spent running since start (until the run ended), pauses left out."""
         if self.started_at is None:
             return 0.0
-        return (self.finished_at or time.time()) - self.started_at
+        end = self.finished_at or time.time()
+        paused = self.paused_seconds
+        if self.paused_since is not None:  # still paused (or ended while paused)
+            paused += max(0.0, end - self.paused_since)
+        return max(0.0, end - self.started_at - paused)
 
     @property
     def steps_per_second(self) -> float:

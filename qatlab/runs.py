@@ -235,11 +235,13 @@ class Run(RunProgress):
             if self.status == "running":
                 self._control._running.clear()
                 self.status = "paused"
+                self._pause_began()
 
     def resume(self) -> None:
         """Continue a paused run."""
         with self._status_lock:
             if self.status == "paused":
+                self._pause_ended()
                 self.status = "running"
                 self._control._running.set()
 

@@ -1,0 +1,92 @@
+"""Issue #21's page rough edges: paused time outside the ETA, Start keeping the current tab, the
+STE summary rows refreshed with the curves, and the Runs table's quantization columns and CSV."""
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+import qatlab as ql
+from qatlab import progress as progress_mod
+from qatlab.progress import RunProgress
+
+
+class Clock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Progress(RunProgress):
+    def __init__(self, started_at=None, finished_at=None, steps_done=0, total_steps=100):
+        self.started_at, self.finished_at = started_at, finished_at
+        self.steps_done, self.total_steps = steps_done, total_steps
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock(100.0)
+    monkeypatch.setattr(progress_mod.time, "time", c)
+    return c
+
+
+def test_paused_time_is_not_elapsed_and_the_eta_holds_still(clock):
+    p = Progress(started_at=100.0, steps_done=10)
+    clock.now = 110.0
+    assert p.elapsed == pytest.approx(10.0) and p.eta == pytest.approx(90 * 10 / 10)
+    p._pause_began()
+    clock.now = 500.0                               # paused for a long time
+    assert p.elapsed == pytest.approx(10.0) and p.eta == pytest.approx(90.0)
+    p._pause_began()                                # a second pause call keeps the first time
+    p._pause_ended()
+    assert p.paused_seconds == pytest.approx(390.0) and p.paused_since is None
+    p._pause_ended()                                # resume without pause: no change
+    clock.now = 505.0
+    p.steps_done = 15
+    assert p.elapsed == pytest.approx(15.0) and p.steps_per_second == pytest.approx(1.0)
+    assert p.eta == pytest.approx(85.0)
+
+
+def test_a_run_ending_while_paused_counts_up_to_the_pause(clock):
+    p = Progress(started_at=100.0, steps_done=5)
+    clock.now = 120.0
+    p._pause_began()
+    p.finished_at = 200.0                           # stopped while paused
+    clock.now = 900.0
+    assert p.elapsed == pytest.approx(20.0)
+
+
+def test_no_pause_calls_means_no_paused_time(clock):
+    p = Progress(started_at=100.0, finished_at=130.0, steps_done=30, total_steps=30)
+    assert p.paused_seconds == 0.0 and p.elapsed == pytest.approx(30.0) and p.eta == 0.0
+    assert math.isnan(Progress(started_at=None).eta) and Progress().elapsed == 0.0
+
+
+def _wait_for(pred, timeout=20.0, what="condition"):
+    end = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def test_a_paused_run_does_not_age():
+    cfg = ql.ExperimentConfig(data=ql.DataConfig(dataset="digits"), model=ql.ModelConfig(hidden=[32]),
+                              optim=ql.OptimConfig(epochs=100_000, batch_size=32), metrics_every=5)
+    run = ql.Run(cfg, register=False).start()
+    try:
+        _wait_for(lambda: run.steps_done > 3, what="steps")
+        run.pause()
+        assert run.paused_since is not None
+        frozen = run.elapsed
+        t0 = time.time()
+        _wait_for(lambda: time.time() - t0 > 0.3, what="time to pass")
+        assert run.elapsed == pytest.approx(frozen, abs=1e-6)   # a pause is not running time
+        run.resume()
+        assert run.paused_since is None and run.paused_seconds >= 0.3
+        _wait_for(lambda: run.elapsed > frozen + 0.05, what="elapsed to grow after resume")
+    finally:
+        run.stop()
+        run.join(20)
