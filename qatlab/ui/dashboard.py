@@ -139,8 +139,7 @@ class Dashboard(pn.viewable.Viewer):
             except (ValueError, TypeError) as exc:
                 self.config_panel.notify_error(str(exc))
                 return None
-            self.tabs.active = 0
-            self.current = run          # figures first, then the run starts (when the block ends)
+            self.current = run          # the current tab stays; figures first, then the run starts (when the block ends)
             self.status.runs = [run]
             run.start()
             self.refresh(force=True)

@@ -90,3 +90,22 @@ def test_a_paused_run_does_not_age():
     finally:
         run.stop()
         run.join(20)
+
+
+# ----------------------------------------------------------------------------- Start keeps the tab
+
+@pytest.mark.filterwarnings("ignore:The inplace keyword")
+@pytest.mark.parametrize("tab", [0, 2, 3, 4])
+def test_start_keeps_the_current_tab(tab):
+    pytest.importorskip("panel")
+    from qatlab.ui import Dashboard
+    cfg = ql.ExperimentConfig()
+    cfg.model.hidden = [32]
+    cfg.optim.epochs = 10_000
+    dash = Dashboard(config=cfg, period=0)
+    dash.tabs.active = tab
+    try:
+        run = dash.start_run()
+        assert run is not None and dash.tabs.active == tab and dash.overview.run is run
+    finally:
+        dash.close(join_timeout=30)
