@@ -217,6 +217,26 @@ def test_model_roundtrip(store, quant):
     np.testing.assert_array_equal(loaded.forward(x, loaded.scratch(5)), model.forward(x, model.scratch(5)))
 
 
+@pytest.mark.parametrize("weights", ["ternary", "fake"])
+def test_cnn_model_roundtrip(store, weights):
+    cfg = ql.ExperimentConfig()
+    cfg.data.dataset = "digits"
+    cfg.model.architecture, cfg.model.conv_channels, cfg.model.kernel_size, cfg.model.pool = "cnn", [3], 3, 2
+    cfg.model.hidden = [5]
+    cfg.quant.weights = weights
+    model = build_model(cfg, 64, 10, (1, 8, 8))
+    rng = np.random.default_rng(5)
+    model.flat_params()[:] += rng.standard_normal(model.num_params).astype(np.float32) * 0.1
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    expected = model.forward(x, model.scratch(4)).copy()
+    rid = store.create_run(cfg)
+    store.finish(rid, RunResult(history={}, final={}, model=model))
+    loaded = store.load_model(rid)
+    assert type(loaded) is type(model) and loaded.image_shape == model.image_shape
+    np.testing.assert_array_equal(loaded.flat_params(), model.flat_params())
+    np.testing.assert_array_equal(loaded.forward(x, loaded.scratch(4)), expected)
+
+
 def test_ternary_model_keeps_packed_trits(store):
     from qatlab.ternary_mlp import unpack_trits
     model = trained_like(tiny())

@@ -2,7 +2,7 @@
 
 Arrays::
 
-    meta            JSON text: format, version, sizes, activation, bias, init
+    meta            JSON text: format, version, sizes, activation, bias, init, image_shape (Cnn; else null)
     config          JSON text: the run's ExperimentConfig (rebuilds the quantizers)
     flat_params     float32 (num_params,)   the latent parameters (Mlp.flat_params layout)
     w<i>_trits      uint8, packed 4 trits a byte (qatlab.ternary_mlp.pack_trits)  ternary layers
@@ -25,20 +25,21 @@ VERSION = 1
 
 
 def storable(model) -> bool:
-    """True for the models :func:`model_to_npz` saves (the dense Mlp)."""
-    from ..nn import Mlp
-    return isinstance(model, Mlp)
+    """True for the models :func:`model_to_npz` saves (Mlp and Cnn)."""
+    from ..nn import Cnn, Mlp
+    return isinstance(model, (Mlp, Cnn))
 
 
 def model_to_npz(model, config: dict) -> bytes:
-    """The ``.npz`` bytes of an :class:`~qatlab.nn.Mlp` trained with ``config`` (a dict)."""
-    from ..nn import Mlp
+    """The ``.npz`` bytes of an :class:`~qatlab.nn.Mlp` or Cnn trained with ``config`` (a dict)."""
     from ..quant import FakeQuantize, TernaryQuantizer, ternary_quantize
     from ..ternary_mlp import pack_trits
-    if not isinstance(model, Mlp):
-        raise TypeError(f"model: the store saves qatlab.Mlp models, got {type(model).__name__}")
+    if not storable(model):
+        raise TypeError(f"model: the store saves qatlab.Mlp and Cnn models, got {type(model).__name__}")
+    image_shape = getattr(model, "image_shape", None)
     meta = {"format": FORMAT, "version": VERSION, "sizes": list(model.sizes), "activation": model.activation,
-            "bias": model.bias, "init": model.init}
+            "bias": model.bias, "init": getattr(model, "init", None),
+            "image_shape": None if image_shape is None else list(image_shape)}
     arrays = {"meta": np.array(json.dumps(meta)), "config": np.array(json.dumps(config)),
               "flat_params": model.flat_params().copy()}
     for i, q in enumerate(model.weight_quantizers):
@@ -66,7 +67,7 @@ def _fake_state(prefix: str, q) -> dict:
 
 
 def load_model(data: bytes):
-    """The :class:`~qatlab.nn.Mlp` stored by :func:`model_to_npz`; ``ValueError`` for a foreign blob."""
+    """The model stored by :func:`model_to_npz`; ``ValueError`` for a foreign blob."""
     from ..config import ExperimentConfig
     from ..quant import FakeQuantize, TernaryQuantizer
     from ..train.build import build_model
@@ -80,7 +81,9 @@ def load_model(data: bytes):
         raise ValueError(f"model artifact: format {meta.get('format')!r} v{meta.get('version')} is not "
                          f"{FORMAT!r} v{VERSION}")
     sizes = meta["sizes"]
-    model = build_model(ExperimentConfig.from_dict(config), sizes[0], sizes[-1])
+    image_shape = meta.get("image_shape")
+    model = build_model(ExperimentConfig.from_dict(config), sizes[0], sizes[-1],
+                        None if image_shape is None else tuple(image_shape))
     if list(model.sizes) != sizes or model.activation != meta["activation"]:
         raise ValueError(f"model artifact: the config rebuilds sizes {list(model.sizes)}, the artifact holds {sizes}")
     flat = files["flat_params"]
