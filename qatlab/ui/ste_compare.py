@@ -101,6 +101,7 @@ class SteCompareView(LiveView):
         self._plots = pn.Column(sizing_mode="stretch_width")
         self._layout = pn.Column(self.intro, self.table, self._plots, sizing_mode="stretch_width")
         self._last_summary = None
+        self._last_state = None
         self._next_table = 0.0
         self.param.watch(lambda e: self.request_rebuild(), "runs")
         if runs:
@@ -178,11 +179,31 @@ class SteCompareView(LiveView):
     def shown_runs(self) -> list:
         return list(self.runs.values())
 
+    def _curves_state(self) -> tuple:
+        """Per run: status, whether its loss curve has points, and its eval points (count, last step).
+        When this changes the table follows on the same tick, so it never says "0 steps" or "-%"
+        next to curves that already draw (a short run draws them within the throttle period)."""
+        state = []
+        for run in self.runs.values():
+            if run.id not in self.hub:
+                state.append((run.status, False, 0, None))
+                continue
+            rs = self.hub.stream(run)
+            steps = rs.eval.data["step"]
+            state.append((run.status, len(rs.loss.data["step"]) > 0, len(steps),
+                          float(steps[-1]) if len(steps) else None))
+        return tuple(state)
+
     def refresh(self, force: bool = False) -> None:
-        """Re-rank the summary table (at most once per :data:`TABLE_PERIOD` s, and only if it changed)."""
+        """Re-rank the summary table: on the tick the curves get their first points, an eval point
+        or a status change, else at most once per :data:`TABLE_PERIOD` s (only if it changed)."""
         now = time.monotonic()
-        if not self.runs or (now < self._next_table and not force):
+        if not self.runs:
             return
+        state = self._curves_state()
+        if now < self._next_table and not force and state == self._last_state:
+            return
+        self._last_state = state
         self._next_table = now + TABLE_PERIOD
         df = summary_frame(self.runs)
         key = df.to_json()

@@ -109,3 +109,45 @@ def test_start_keeps_the_current_tab(tab):
         assert run is not None and dash.tabs.active == tab and dash.overview.run is run
     finally:
         dash.close(join_timeout=30)
+
+
+# ----------------------------------------------------------------------------- STE summary rows
+
+def _feed(run, start: int, n: int) -> None:
+    for s in range(start, start + n):
+        run.log.append({"step": s, "epoch": s / 50, "time": 0.01 * s, "loss": 1.0, "lr": 0.01,
+                        "steps_per_second": 100.0, "active_grad_fraction": 0.7})
+
+
+@pytest.mark.filterwarnings("ignore:The inplace keyword")
+def test_ste_table_follows_the_curves_on_the_same_tick():
+    pytest.importorskip("panel")
+    from qatlab.ui import SteCompareView
+    cfg = ql.ExperimentConfig()
+    cfg.model.hidden = [32]
+    runs = {kind: ql.Run(cfg, name=kind.value, register=False) for kind in ql.SteKind}
+    view = SteCompareView(runs)
+    for run in runs.values():
+        run.status = "running"
+    view.refresh(force=True)                    # empty curves: 0 steps, no accuracy
+    assert list(view.summary["steps"]) == [0, 0, 0, 0] and "running" in view.table.object
+    for run in runs.values():                   # well within the table's throttle period
+        _feed(run, 1, 12)
+        run.steps_done = 12
+    view.hub.pull()
+    view.refresh()                              # the tick that draws the first points
+    assert all(len(view.hub.stream(r).loss.data["step"]) == 12 for r in runs.values())
+    assert list(view.summary["steps"]) == [12, 12, 12, 12]
+    for i, run in enumerate(runs.values()):
+        run.log.append({"step": 12, "epoch": 0.2, "time": 0.12, "test_loss": 0.5, "test_accuracy": 0.5 + 0.1 * i})
+    view.hub.pull()
+    view.refresh()                              # the first eval point: accuracy and ranking at once
+    assert view.summary["test_accuracy"].notna().all() and view.summary["ste"].iloc[0] == list(runs)[-1].value
+    for run in runs.values():
+        run.steps_done = 13                     # no new curve point: the throttle holds
+    view.refresh()
+    assert list(view.summary["steps"]) == [12, 12, 12, 12]
+    for run in runs.values():
+        run.status = "finished"                 # a status change shows on the same tick
+    view.refresh()
+    assert set(view.summary["status"]) == {"finished"} and list(view.summary["steps"]) == [13, 13, 13, 13]
