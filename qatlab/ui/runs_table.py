@@ -1,7 +1,8 @@
 """Runs tab: every run of this server process, overlay of the selected ones, CSV/JSON downloads.
 
 - ``pn.widgets.Tabulator`` (CSS class ``qatlab-runs-table``): one ``Run.summary()`` row per run in
-  ``qatlab.runs.all_runs()`` (runs belong to the process and survive page reloads);
+  ``qatlab.runs.all_runs()`` (runs belong to the process and survive page reloads) with its
+  weight bits (``4-bit`` / ``ternary`` / ``float``), activations, per channel, scale mode and batch;
   checkbox selection, refreshed about once a second.
 - Selected runs are overlaid in ``fig-runs-loss`` (``runs-loss-<run id>``, EMA) and
   ``fig-runs-accuracy`` (``runs-accuracy-<run id>``).
@@ -26,6 +27,7 @@ import json
 import math
 import time
 
+import numpy as np
 import pandas as pd
 import panel as pn
 
@@ -43,10 +45,42 @@ def started_by(run: Run, owner) -> str:
     return "another page" if run.owner is not None else "notebook / CLI"
 
 
+def bits_text(quant) -> str:
+    """Weight precision of a QuantConfig: ``k-bit`` for fake weights, else ``ternary`` / ``float``."""
+    return f"{quant.weight_bits}-bit" if quant.weights == "fake" else quant.weights
+
+
+def quant_columns(config) -> dict:
+    """Table columns of a run's quantization and batch size; ``-`` where a setting does not apply
+    (per-channel scales exist only for fake weights, a scale mode only with a fake quantizer)."""
+    q = config.quant
+    fake = q.weights == "fake" or q.activations == "fake"
+    return {"bits": bits_text(q),
+            "activations": f"{q.activation_bits}-bit" if q.activations == "fake" else "off",
+            "per channel": ("yes" if q.per_channel else "no") if q.weights == "fake" else "-",
+            "scale mode": q.scale_mode if fake else "-",
+            "batch": config.optim.batch_size}
+
+
+def run_label(run: Run) -> str:
+    """Legend label: name, weights (with bits), quantized activations, STE."""
+    q = run.config.quant
+    weights = f"fake {q.weight_bits}-bit" if q.weights == "fake" else q.weights
+    acts = f", act {q.activation_bits}-bit" if q.activations == "fake" else ""
+    return f"{run.name}: {weights}{acts}, STE {q.ste}"
+
+
 def runs_frame(runs: list[Run], owner=None) -> pd.DataFrame:
-    """One ``Run.summary()`` row per run, plus ``started by`` (:func:`started_by`)."""
-    rows = [{**r.summary(), "started by": started_by(r, owner)} for r in runs]
+    """One ``Run.summary()`` row per run with its quantization columns (:func:`quant_columns`),
+    plus ``started by`` (:func:`started_by`)."""
+    rows = [{**r.summary(), **quant_columns(r.config), "started by": started_by(r, owner)} for r in runs]
     return pd.DataFrame(rows) if rows else pd.DataFrame(columns=["id", "name", "status", "progress", "started by"])
+
+
+def _whole(col) -> bool:
+    """Every finite value of ``col`` is a whole number (a count such as ``step``)."""
+    finite = col[np.isfinite(col)]
+    return bool(np.all(finite == np.round(finite)) and np.all(np.abs(finite) < 2**53))
 
 
 def runs_csv(runs: list[Run]) -> str:
@@ -55,6 +89,8 @@ def runs_csv(runs: list[Run]) -> str:
     keys: list[str] = []
     for _, cols in logs:
         keys += [k for k in cols if k not in keys]
+    # columns of whole numbers in every run (step, row_id, phase, ...) are written as integers
+    whole = {k for k in keys if all(_whole(cols[k]) for _, cols in logs if k in cols)}
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(["run_id", "name", *keys])
@@ -65,7 +101,7 @@ def runs_csv(runs: list[Run]) -> str:
             for k in keys:
                 col = cols.get(k)
                 v = float(col[j]) if col is not None else math.nan
-                row.append("" if math.isnan(v) else repr(v))
+                row.append("" if math.isnan(v) else str(int(v)) if k in whole and math.isfinite(v) else repr(v))
             writer.writerow(row)
     return out.getvalue()
 
@@ -313,7 +349,7 @@ class RunsTable(LiveView):
         for i, run in enumerate(runs):
             rs = self.hub.stream(run)
             color = F.run_color(i)
-            label = f"{run.name} ({run.config.quant.weights}, {run.config.quant.ste})"
+            label = run_label(run)
             F.add_line(loss, rs.loss, x, "loss_s", color=color, name=f"runs-loss-{run.id}", label=label)
             F.add_line(acc, rs.eval, x, "test_accuracy", color=color, name=f"runs-accuracy-{run.id}", label=label)
         F.finish(loss)

@@ -151,3 +151,48 @@ def test_ste_table_follows_the_curves_on_the_same_tick():
         run.status = "finished"                 # a status change shows on the same tick
     view.refresh()
     assert set(view.summary["status"]) == {"finished"} and list(view.summary["steps"]) == [13, 13, 13, 13]
+
+
+# ----------------------------------------------------------------------------- Runs table
+
+def _quant(weights="ternary", bits=4, activations="off", per_channel=False, scale_mode="observer", batch=64):
+    cfg = ql.ExperimentConfig()
+    cfg.quant.weights, cfg.quant.weight_bits, cfg.quant.activations = weights, bits, activations
+    cfg.quant.per_channel, cfg.quant.scale_mode, cfg.optim.batch_size = per_channel, scale_mode, batch
+    return cfg
+
+
+def test_runs_table_shows_bits_only_for_fake_weights_and_the_quantization_columns():
+    pytest.importorskip("panel")
+    from qatlab.ui.runs_table import runs_frame
+    runs = [ql.Run(_quant("ternary"), register=False), ql.Run(_quant("float", batch=32), register=False),
+            ql.Run(_quant("fake", 3, "fake", True, "lsq", 128), register=False),
+            ql.Run(_quant("ternary", activations="fake"), register=False)]
+    df = runs_frame(runs)
+    assert list(df["bits"]) == ["ternary", "float", "3-bit", "ternary"]
+    assert list(df["activations"]) == ["off", "off", "8-bit", "8-bit"]
+    assert list(df["per channel"]) == ["-", "-", "yes", "-"]
+    assert list(df["scale mode"]) == ["-", "-", "lsq", "observer"]
+    assert list(df["batch"]) == [64, 32, 128, 64]
+
+
+def test_runs_csv_writes_counts_as_integers():
+    pytest.importorskip("panel")
+    from qatlab.ui.runs_table import runs_csv
+    a, b = ql.Run(_quant(), name="a", register=False), ql.Run(_quant(), name="b", register=False)
+    for s in (1, 2):
+        a.log.append({"step": s, "epoch": s / 4, "loss": 1.0, "phase": 2})
+    b.log.append({"step": 3, "epoch": 1.0, "loss": 0.5, "phase": float("inf")})
+    lines = runs_csv([a, b]).splitlines()
+    assert lines[0] == "run_id,name,row_id,step,epoch,loss,phase"
+    assert lines[1] == f"{a.id},a,0,1,0.25,1.0,2"
+    assert lines[3] == f"{b.id},b,0,3,1.0,0.5,inf"
+
+
+def test_runs_legend_says_name_weights_bits_and_ste():
+    pytest.importorskip("panel")
+    from qatlab.ui.runs_table import run_label
+    fake = _quant("fake", 3, "fake")
+    fake.quant.ste = "tanh"
+    assert run_label(ql.Run(fake, name="mine", register=False)) == "mine: fake 3-bit, act 8-bit, STE tanh"
+    assert run_label(ql.Run(_quant("ternary"), name="t", register=False)) == "t: ternary, STE identity"
