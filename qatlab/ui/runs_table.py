@@ -36,6 +36,12 @@ from . import figures as F
 from .base import LiveView, bokeh_pane
 
 TABLE_PERIOD = 1.0  # seconds between table refreshes
+# The table's columns, the same with no runs as with some: changing a Tabulator's columns while its
+# tab is being drawn for the first time failed in the browser ("Table Not Initialized", then
+# "Cannot read properties of null (reading 'firstChild')" and an empty Runs tab).
+COLUMNS = ["id", "name", "status", "progress", "steps", "seconds", "train_loss", "test_loss", "test_accuracy",
+           "steps_per_second", "dataset", "hidden", "weights", "bits", "activations", "per channel",
+           "scale mode", "ste", "optimizer", "lr", "batch", "epochs", "phase", "started by"]
 
 
 def started_by(run: Run, owner) -> str:
@@ -74,7 +80,8 @@ def runs_frame(runs: list[Run], owner=None) -> pd.DataFrame:
     """One ``Run.summary()`` row per run with its quantization columns (:func:`quant_columns`),
     plus ``started by`` (:func:`started_by`)."""
     rows = [{**r.summary(), **quant_columns(r.config), "started by": started_by(r, owner)} for r in runs]
-    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=["id", "name", "status", "progress", "started by"])
+    extra = list(dict.fromkeys(k for row in rows for k in row if k not in COLUMNS))
+    return pd.DataFrame(rows, columns=COLUMNS + extra)
 
 
 def _whole(col) -> bool:
