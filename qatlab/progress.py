@@ -4,7 +4,7 @@ Shared by the in-process :class:`~qatlab.runs.Run` and the Dask
 :class:`~qatlab.executor.RemoteRun`, which fill ``steps_done``, ``total_steps``, ``started_at``
 and ``finished_at`` (``time.time()``, None until they happen) each in their own way. Time spent
 paused (``_pause_began``/``_pause_ended``) does not count as elapsed, so the rate and ETA hold
-still while a run is paused; a subclass that never calls them simply has no paused time.
+still while a run is paused.
 """
 from __future__ import annotations
 

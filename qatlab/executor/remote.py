@@ -210,6 +210,7 @@ class RemoteRun(RunProgress):
             if self._future is None or self.status not in ("created", "running"):
                 return
             self.status, self._status_changed = "paused", True
+            self._pause_began()                   # the rate and ETA hold still while paused
         self._control.set("pause")
         self._wake.set()
 
@@ -219,6 +220,7 @@ class RemoteRun(RunProgress):
             if self.status != "paused":
                 return
             self.status, self._status_changed = ("running" if self._on_worker else "created"), True
+            self._pause_ended()
         self._control.set("run")
         self._wake.set()
 
