@@ -238,6 +238,7 @@ def test_quantization_header_names_quantized_activations(dash):
     dash.tab("Quantization")
     _wait_for(lambda: re.search(r"activations: fake \(8 bit\), STE clipped_identity", dash.body_text()), 10,
               "the Quantization header to say activations are quantized")
+    dash.tab("Overview")   # Start keeps the current tab; start_and_wait reads the Overview's loss sources
     dash.select("Activations", "off")
     start_and_wait(dash)
     dash.tab("Quantization")
