@@ -126,19 +126,6 @@ class Cnn(QuantizedLayers):
     def biases(self, i: int) -> np.ndarray:
         return self._b[_layer(i, self.num_layers)]
 
-    def flat_params(self) -> np.ndarray:
-        return self._flat
-
-    def parameters(self) -> list[tuple[str, np.ndarray]]:
-        return [(name, v) for (name, _, _), v in zip(self._entries, _views(self._flat, self._entries))]
-
-    def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
-        return [(name, shape) for name, shape, _ in self._entries]
-
-    @property
-    def num_params(self) -> int:
-        return self._flat.shape[0]
-
     def layer_specs(self) -> list[dict]:
         """One dict per layer for summaries and exports: kind ("conv" | "dense"), weight_shape
         (conv: (Cout, C, kh, kw)), in_shape / out_shape (per sample, out after the pool), pool

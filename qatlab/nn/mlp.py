@@ -113,8 +113,9 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 
 
 class QuantizedLayers:
-    """The quantizer lists and per-layer weight views shared by :class:`Mlp` and the Cnn
-    (``num_layers``, ``_w`` (one weight view per layer), ``_wq``, ``_aq`` are the model's)."""
+    """The quantizer lists, per-layer weight views and flat parameters shared by :class:`Mlp` and
+    the Cnn (``num_layers``, ``_flat``, ``_entries`` (name, shape, offset), ``_w`` (one weight view
+    per layer), ``_wq``, ``_aq`` are the model's)."""
 
     def set_quantizers(self, weight_quantizers=None, activation_quantizers=None) -> None:
         """Replace both quantizer lists (validated first; nothing changes on error)."""
@@ -134,6 +135,22 @@ class QuantizedLayers:
         """Latent weights of layer i: writable float32 (out, in) view of the flat parameters
         (a conv layer's is (Cout, C*kh*kw))."""
         return self._w[_layer(i, self.num_layers)]
+
+    def flat_params(self) -> np.ndarray:
+        """All latent parameters, float32 (num_params,), layout ``w0, b0, w1, b1, ...``."""
+        return self._flat
+
+    def parameters(self) -> list[tuple[str, np.ndarray]]:
+        """``[("w0", W0), ("b0", b0), ("w1", W1), ...]``: views into :meth:`flat_params`, fixed order."""
+        return [(name, v) for (name, _, _), v in zip(self._entries, _views(self._flat, self._entries))]
+
+    def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """``[(name, shape)]`` in the order of :meth:`parameters`."""
+        return [(name, shape) for name, shape, _ in self._entries]
+
+    @property
+    def num_params(self) -> int:
+        return self._flat.shape[0]
 
 
 class Mlp(QuantizedLayers):
@@ -186,21 +203,6 @@ class Mlp(QuantizedLayers):
         i = _layer(i, self.num_layers)
         return self._b[i] if self.bias else None
 
-    def flat_params(self) -> np.ndarray:
-        """All latent parameters, float32 (num_params,), layout ``w0, b0, w1, b1, ...``."""
-        return self._flat
-
-    def parameters(self) -> list[tuple[str, np.ndarray]]:
-        """``[("w0", W0), ("b0", b0), ("w1", W1), ...]``: views into :meth:`flat_params`, fixed order."""
-        return [(name, v) for (name, _, _), v in zip(self._entries, _views(self._flat, self._entries))]
-
-    def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
-        """``[(name, shape)]`` in the order of :meth:`parameters`."""
-        return [(name, shape) for name, shape, _ in self._entries]
-
-    @property
-    def num_params(self) -> int:
-        return self._flat.shape[0]
 
     # -- buffers ----------------------------------------------------------------------------
     def scratch(self, batch_size: int) -> "Scratch":
