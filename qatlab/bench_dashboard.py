@@ -519,6 +519,17 @@ def update_rates(changes: dict[str, list]) -> dict[str, float]:
 # ============================================================================ measurements
 
 
+def wait_for(fn, timeout: float, what: str, step: float = 0.1):
+    """Poll ``fn`` until it returns a truthy value (returned) or assert after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    value = fn()
+    while not value and time.monotonic() < deadline:
+        time.sleep(step)
+        value = fn()
+    assert value, f"timed out after {timeout:.0f} s waiting for {what}"
+    return value
+
+
 def _wait(predicate, timeout: float, step: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 
-from qatlab.bench_dashboard import _JS_TEXT, ROOT, AppServer, DashboardPage
+from qatlab.bench_dashboard import _JS_TEXT, ROOT, AppServer, DashboardPage, wait_for
 from qatlab.ui.config_panel import DEBOUNCE_S
 
 pytestmark = pytest.mark.browser
@@ -35,14 +35,6 @@ COMPARE_EPOCHS = 80    # 4 x ~1.8k steps: usually still running when the screens
 DONE = ("finished", "stopped", "diverged", "failed")
 
 
-def _wait_for(fn, timeout: float, what: str, step: float = 0.1):
-    deadline = time.monotonic() + timeout
-    value = fn()
-    while not value and time.monotonic() < deadline:
-        time.sleep(step)
-        value = fn()
-    assert value, f"timed out after {timeout:.0f} s waiting for {what}"
-    return value
 
 
 def _tiny_npz(path, seed: int = 0, n: int = 120, d: int = 6, classes: int = 3):
@@ -109,7 +101,7 @@ def _new_source(dash, before: set[str], timeout: float = 30.0) -> str:
     def find():
         new = {k: n for k, n in dash.source_lengths().items() if k not in before and n > 0}
         return next(iter(new), None)
-    return _wait_for(find, timeout, "a new loss-source-<run id> with rows")
+    return wait_for(find, timeout, "a new loss-source-<run id> with rows")
 
 
 def test_start_streams_the_loss_source(dash):
@@ -119,7 +111,7 @@ def test_start_streams_the_loss_source(dash):
     name = _new_source(dash, before)
     first = dash.source_lengths()[name]
     # read the length again a little later: the periodic callback keeps streaming new rows
-    grown = _wait_for(lambda: dash.source_lengths()[name] > first and dash.source_lengths()[name], 10,
+    grown = wait_for(lambda: dash.source_lengths()[name] > first and dash.source_lengths()[name], 10,
                       f"{name} to grow beyond {first} rows")
     assert grown > first
     assert dash.status() == "running"
@@ -134,7 +126,7 @@ def test_short_run_reaches_finished(dash):
     name = _new_source(dash, before)
     assert dash.wait_status(lambda s: s in DONE, timeout=60, what="finished") == "finished"
     run_id = name.removeprefix("loss-source-")
-    alert = _wait_for(lambda: "finished" in dash.text_of(".qatlab-run-alert") and dash.text_of(".qatlab-run-alert"),
+    alert = wait_for(lambda: "finished" in dash.text_of(".qatlab-run-alert") and dash.text_of(".qatlab-run-alert"),
                       10, "the Overview alert to say finished")
     assert run_id in alert
 
@@ -148,7 +140,7 @@ def test_compare_ste_kinds_shows_four_runs(dash):
         new = {k: n for k, n in dash.source_lengths().items() if k not in before}
         return new if len(new) == 4 and all(n >= 20 for n in new.values()) else None
 
-    sources = _wait_for(four_streaming, 60, "four new loss sources with rows")
+    sources = wait_for(four_streaming, 60, "four new loss sources with rows")
     ids = sorted(k.removeprefix("loss-source-") for k in sources)
     lines = dash.model_names("ste-loss-")
     assert sorted(n.removeprefix("ste-loss-") for n in lines) == ids      # one overlaid line per kind
@@ -156,14 +148,14 @@ def test_compare_ste_kinds_shows_four_runs(dash):
     tags = dash.page.evaluate("() => Bokeh.documents[0].get_model_by_name('fig-ste-loss').tags")
     assert any(t.startswith("qatlab-drawn-") and t.endswith(":ack") for t in tags), tags
     # the summary table catches up within its 1 s throttle: every kind shows a test accuracy
-    _wait_for(lambda: "–%" not in dash.text_of(".qatlab-ste-summary"), 10, "test accuracies in the summary table")
+    wait_for(lambda: "–%" not in dash.text_of(".qatlab-ste-summary"), 10, "test accuracies in the summary table")
     mid = dash.status()
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     dash.page.screenshot(path=str(SCREENSHOT))          # about a second of training: usually finished
     print(f"screenshot saved to {SCREENSHOT} (status then: {mid})")
 
     assert dash.wait_status(lambda s: s in DONE, timeout=120, what="finished") == "finished"
-    _wait_for(lambda: all(i in dash.body_text() for i in ids), 15, "the four run ids in the summary table")
+    wait_for(lambda: all(i in dash.body_text() for i in ids), 15, "the four run ids in the summary table")
 
 
 RANGES_JS = """(name) => {
@@ -183,7 +175,7 @@ RANGES_JS = """(name) => {
 
 def test_plot_ranges_follow_the_data(dash):
     """The server fits the plots' Range1d ranges (qatlab.ui.ranges): every drawn point is inside."""
-    r = _wait_for(lambda: (lambda v: v if v["n"] > 0 else None)(dash.page.evaluate(RANGES_JS, "fig-ste-loss")),
+    r = wait_for(lambda: (lambda v: v if v["n"] > 0 else None)(dash.page.evaluate(RANGES_JS, "fig-ste-loss")),
                   10, "points in fig-ste-loss")
     time.sleep(0.5)   # the last tick's range update
     r = dash.page.evaluate(RANGES_JS, "fig-ste-loss")
@@ -248,13 +240,13 @@ def test_invalid_values_show_their_field_error_and_disable_start(dash):
         good = dash.page.evaluate("""(t) => { for (const d of Bokeh.documents) for (const m of d.all_models)
                                        if (m.title === t && 'value' in m) return m.value; return null; }""", label)
         dash.set_input(label, text)
-        err = _wait_for(lambda: next((e for e in field_errors(dash) if e.startswith(label + ":")), None), 10,
+        err = wait_for(lambda: next((e for e in field_errors(dash) if e.startswith(label + ":")), None), 10,
                         f"the error of {label!r} after typing {text!r}")
         assert "must be" in err, err
-        _wait_for(lambda: _start_enabled(dash, False), 10, f"Start and Compare disabled after {label}={text!r}")
+        wait_for(lambda: _start_enabled(dash, False), 10, f"Start and Compare disabled after {label}={text!r}")
         assert "Start is disabled" in dash.text_of(".qatlab-config-error")
         dash.set_input(label, good)
-        _wait_for(lambda: not field_errors(dash) and _start_enabled(dash, True), 10,
+        wait_for(lambda: not field_errors(dash) and _start_enabled(dash, True), 10,
                   f"Start enabled again after {label}={good!r}")
 
 
@@ -262,12 +254,12 @@ def test_fields_that_do_not_apply_are_hidden(dash):
     label = dash.page.get_by_label
     assert not label("Weight bits", exact=True).is_visible() and not label("Momentum", exact=True).is_visible()
     dash.select("Weights", "fake")
-    _wait_for(lambda: label("Weight bits", exact=True).is_visible(), 10, "Weight bits shown for fake weights")
+    wait_for(lambda: label("Weight bits", exact=True).is_visible(), 10, "Weight bits shown for fake weights")
     dash.select("Optimizer", "momentum")
-    _wait_for(lambda: label("Momentum", exact=True).is_visible(), 10, "Momentum shown for the momentum optimizer")
+    wait_for(lambda: label("Momentum", exact=True).is_visible(), 10, "Momentum shown for the momentum optimizer")
     dash.select("Optimizer", "adam")
     dash.select("Weights", "ternary")
-    _wait_for(lambda: not label("Weight bits", exact=True).is_visible() and not label("Momentum", exact=True).is_visible(),
+    wait_for(lambda: not label("Weight bits", exact=True).is_visible() and not label("Momentum", exact=True).is_visible(),
               10, "Weight bits and Momentum hidden again")
 
 
@@ -276,9 +268,9 @@ def _run_ids(app_server) -> set[str]:
 
 
 def _one_new_run(app_server, before: set[str], timeout: float = 60) -> dict:
-    new = _wait_for(lambda: _run_ids(app_server) - before, 30, "a new run in the server")
+    new = wait_for(lambda: _run_ids(app_server) - before, 30, "a new run in the server")
     run_id = next(iter(new))
-    return _wait_for(lambda: (lambda r: r if r["status"] in DONE else None)(app_server.runs([run_id], config=True)[run_id]),
+    return wait_for(lambda: (lambda r: r if r["status"] in DONE else None)(app_server.runs([run_id], config=True)[run_id]),
                      timeout, f"run {run_id} to end")
 
 
@@ -291,33 +283,33 @@ def test_double_click_on_start_makes_one_run(dash, app_server):
     # the server handles a session's events in order: once an edit typed after the double click has
     # its answer in the page, the second click has been handled too
     dash.set_input("Epochs", "x")
-    _wait_for(lambda: any(e.startswith("Epochs:") for e in field_errors(dash)), 10, "the Epochs error")
+    wait_for(lambda: any(e.startswith("Epochs:") for e in field_errors(dash)), 10, "the Epochs error")
     dash.set_input("Epochs", SHORT_EPOCHS)
-    _wait_for(lambda: not field_errors(dash), 10, "no field error")
+    wait_for(lambda: not field_errors(dash), 10, "no field error")
     assert len(_run_ids(app_server) - before) == 1
 
 
 def test_uploaded_npz_trains_and_a_bad_file_shows_no_contents(dash, app_server, tmp_path):
     dash.select("Dataset", "file")
-    _wait_for(lambda: _start_enabled(dash, False), 10, "Start disabled while no file is chosen")
+    wait_for(lambda: _start_enabled(dash, False), 10, "Start disabled while no file is chosen")
     files = dash.page.locator("input[type=file]")
     big = tmp_path / "big.npz"              # over the cap: refused in the browser, never sent
     with open(big, "wb") as f:
         f.truncate(21 * 2**20)
     files.set_input_files(str(big))
-    _wait_for(lambda: any(e.startswith("Data file: big.npz is 21.0 MB; uploads up to 20.0 MB") for e in field_errors(dash)),
+    wait_for(lambda: any(e.startswith("Data file: big.npz is 21.0 MB; uploads up to 20.0 MB") for e in field_errors(dash)),
               15, "the oversized upload refused")
     secret = tmp_path / "passwd.csv"
     secret.write_text("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n")
     files.set_input_files(str(secret))
-    err = _wait_for(lambda: next((e for e in field_errors(dash) if e.startswith("Data file:")), None), 15,
+    err = wait_for(lambda: next((e for e in field_errors(dash) if e.startswith("Data file:")), None), 15,
                     "the upload's error")
     assert "daemon" not in dash.body_text() and "/bin/bash" not in dash.body_text(), err
     assert _start_enabled(dash, False)
 
     files.set_input_files(str(_tiny_npz(tmp_path / "tiny.npz")))
-    _wait_for(lambda: "Using upload tiny.npz" in dash.text_of(".qatlab-data-file"), 15, "the upload in use")
-    _wait_for(lambda: _start_enabled(dash, True) and not field_errors(dash), 10, "Start enabled with the upload")
+    wait_for(lambda: "Using upload tiny.npz" in dash.text_of(".qatlab-data-file"), 15, "the upload in use")
+    wait_for(lambda: _start_enabled(dash, True) and not field_errors(dash), 10, "Start enabled with the upload")
     assert str(tmp_path) not in dash.body_text()
     dash.set_input("Epochs", 3)
     before = _run_ids(app_server)
@@ -332,8 +324,8 @@ def test_uploaded_npz_trains_and_a_bad_file_shows_no_contents(dash, app_server, 
 
 def test_a_file_of_the_servers_data_directory_trains(dash, app_server):
     dash.select("Server data directory", "served.npz")
-    _wait_for(lambda: "Using server file served.npz" in dash.text_of(".qatlab-data-file"), 15, "the server file in use")
-    _wait_for(lambda: _start_enabled(dash, True), 10, "Start enabled")
+    wait_for(lambda: "Using server file served.npz" in dash.text_of(".qatlab-data-file"), 15, "the server file in use")
+    wait_for(lambda: _start_enabled(dash, True), 10, "Start enabled")
     before = _run_ids(app_server)
     time.sleep(DEBOUNCE_S)       # the previous test's Start may be that recent: not a double click
     dash.click("Start")
@@ -341,7 +333,7 @@ def test_a_file_of_the_servers_data_directory_trains(dash, app_server):
     assert run["status"] == "finished", run["message"]
     assert run["config"]["data"]["path"].endswith("served.npz")
     dash.select("Dataset", "digits")
-    _wait_for(lambda: _start_enabled(dash, True), 10, "Start enabled for digits")
+    wait_for(lambda: _start_enabled(dash, True), 10, "Start enabled for digits")
 
 
 def test_page_stayed_clean_and_local(dash, app_server):

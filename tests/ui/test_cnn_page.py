@@ -11,12 +11,11 @@ Skips with a reason when playwright or chromium is missing, unless ``QATLAB_REQU
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
 import qatlab as ql
-from qatlab.bench_dashboard import DashboardPage
+from qatlab.bench_dashboard import DashboardPage, wait_for
 from qatlab.ui.summary_view import config_summary
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -27,14 +26,6 @@ HIDDEN = [16]
 KERNEL, POOL = 5, 2
 
 
-def _wait_for(fn, timeout: float, what: str, step: float = 0.1):
-    deadline = time.monotonic() + timeout
-    value = fn()
-    while not value and time.monotonic() < deadline:
-        time.sleep(step)
-        value = fn()
-    assert value, f"timed out after {timeout:.0f} s waiting for {what}"
-    return value
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +64,13 @@ def test_cnn_on_mnist_trains_from_the_page(dash):
     dash.click("Start")
     status = dash.wait_status(lambda s: s in DONE, timeout=180, what="finished")
     assert status == "finished", dash.text_of(".qatlab-status")
-    new = _wait_for(lambda: {k: n for k, n in dash.source_lengths().items() if k not in before and n > 0}, 10,
+    new = wait_for(lambda: {k: n for k, n in dash.source_lengths().items() if k not in before and n > 0}, 10,
                     "a new loss-source-<run id> with rows")
     assert len(new) == 1 and min(new.values()) >= 2, new
 
     dash.page.locator(".bk-tab").filter(has_text=re.compile("^Quantization$")).first.click()
     rows = dash.page.locator(".qatlab-model-summary tr.qatlab-summary-conv")
-    _wait_for(lambda: rows.count() == len(CONV_CHANNELS), 15, "the summary table's conv rows")
+    wait_for(lambda: rows.count() == len(CONV_CHANNELS), 15, "the summary table's conv rows")
     table = dash.text_of(".qatlab-model-summary")
     s = expected_summary()
     for r in s.layers:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from qatlab.bench_dashboard import ROOT, AppServer, DashboardPage
+from qatlab.bench_dashboard import ROOT, AppServer, DashboardPage, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -38,13 +38,7 @@ MEASURED: dict[str, float] = {}
 
 
 def _wait_for(fn, timeout: float, what: str, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    value = fn()
-    while not value and time.monotonic() < deadline:
-        time.sleep(step)
-        value = fn()
-    assert value, f"timed out after {timeout:.0f} s waiting for {what}"
-    return value
+    return wait_for(fn, timeout, what, step)
 
 
 @pytest.fixture(scope="module")
