@@ -384,6 +384,8 @@ class RemoteRun(RunProgress):
         """Forget the run on the scheduler: topic, its stored events, Variables, the task's result."""
         _active.discard(self)
         client, run_id = self._client, self.id
+        if client.status != "running":     # a closed client's calls can wait for a reconnect forever
+            return
         from distributed import Variable
         for step in (lambda: client.unsubscribe_topic(topic(run_id)),
                      lambda: client.run_on_scheduler(forget_topic, name=topic(run_id)),
