@@ -23,7 +23,7 @@ if "numpy" in _sys.modules:   # imported first (a notebook's `import numpy`, Pan
     _limit()
 from .ste import SteKind
 from .config import (DataConfig, ExperimentConfig, ModelConfig, OptimConfig, PhaseConfig, PredictionConfig,
-                     QatConfig, QuantConfig, TernaryConfig, VSAConfig)
+                     QatConfig, QuantConfig, TernaryConfig, VSAConfig, dashboard_config)
 from .metrics import MetricsLog
 from .quant import (FakeQuantize, MinMaxObserver, MovingAverageMinMaxObserver, TernaryQuantizer,
                     ternary_dequantize, ternary_quantize)

@@ -245,6 +245,18 @@ class ExperimentConfig(_Config):
                              f"optim.batch_size >= that, got {self.optim.batch_size}")
 
 
+def dashboard_config() -> ExperimentConfig:
+    """The experiment the dashboard and the notebooks start from: a ternary LeNet-style CNN on ``mnist``
+    (conv 16 and 32 channels, 5x5, max-pool 2, then linear to the 10 classes) for 8 epochs, a row every
+    5 steps: long enough to watch live. ``ExperimentConfig()`` keeps the digits MLP the benches use."""
+    cfg = ExperimentConfig()
+    cfg.data.dataset = "mnist"
+    cfg.model.architecture, cfg.model.hidden = "cnn", []
+    cfg.optim.epochs = 8
+    cfg.metrics_every = 5
+    return cfg
+
+
 def _validate_cnn(cfg: "ExperimentConfig") -> None:
     """The cnn-only rules: channels, no phase training, and, for a named dataset of known image shape,
     kernel and pool windows that fit every feature map (other datasets are checked when loaded)."""

@@ -29,7 +29,7 @@ import time
 import panel as pn
 
 from .. import data as qdata
-from ..config import ExperimentConfig
+from ..config import ExperimentConfig, dashboard_config
 from .data_source import DataFileChooser
 from .fields import Field, short_error, supported
 
@@ -110,7 +110,7 @@ class ConfigPanel(pn.viewable.Viewer):
     def __init__(self, config: ExperimentConfig | None = None, on_start=None, on_stop=None, on_compare=None,
                  on_pause=None, on_resume=None, data_dir: str | None = None, **params):
         super().__init__(**params)
-        self.config = config if config is not None else ExperimentConfig()
+        self.config = config if config is not None else dashboard_config()
         self.start_button = pn.widgets.Button(label="Start", color="primary", sizing_mode="stretch_width")
         self.stop_button = pn.widgets.Button(label="Stop", color="danger", sizing_mode="stretch_width")
         self.pause_button = pn.widgets.Button(label="Pause", sizing_mode="stretch_width")
