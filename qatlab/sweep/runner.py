@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 
 from ..config import ExperimentConfig
 from .points import config_key, expand
@@ -26,6 +27,37 @@ log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.02      # the dispatcher's longest sleep (an ended run is replaced within it)
 JUDGE_SECONDS = 0.25     # how often running runs are judged by the early-stopping rule
+
+
+@dataclass
+class EndedRun:
+    """What a sweep keeps of a run once it ended and its result is in the store: no rows, no model,
+    so a long sweep's handle (and a page showing it) holds the same memory after 200 runs as after 2."""
+
+    id: str
+    name: str
+    status: str
+    message: str
+    point: dict | None
+    final: dict = field(default_factory=dict)
+    worker: str | None = None
+    submitted_at: float | None = None
+    finished_at: float | None = None
+    steps_done: int = 0
+    total_steps: int = 0
+    done: bool = True
+    progress: float = 1.0
+
+    @classmethod
+    def of(cls, run) -> "EndedRun":
+        result = run.result()
+        return cls(id=run.id, name=run.name, status=run.status, message=run.message, point=run.point,
+                   final=dict(result.final) if result is not None else {}, worker=run.worker,
+                   submitted_at=run.submitted_at, finished_at=run.finished_at, steps_done=run.steps_done,
+                   total_steps=run.total_steps)
+
+    def join(self, timeout: float | None = None) -> bool:
+        return True
 
 
 def default_name() -> str:
@@ -106,7 +138,8 @@ class Sweep:
 
 
 class SweepHandle:
-    """A sweep started by :meth:`Sweep.submit`: ``runs`` (its RemoteRuns so far), ``skipped``
+    """A sweep started by :meth:`Sweep.submit`: ``runs`` (its runs so far, in start order: a RemoteRun
+    while it is active, an :class:`EndedRun` once its result is stored), ``skipped``
     (configs that had finished in the store before), ``stop()``, ``join()``, ``done``, ``result()``."""
 
     def __init__(self, sweep: Sweep, store=None, client=None, owner=None):
@@ -164,7 +197,7 @@ class SweepHandle:
         """Runs by status so far (pruned ones as ``pruned``), with ``queued`` for those not started."""
         out: dict[str, int] = {}
         for run in list(self.runs):
-            status = "pruned" if run.id in self.pruned and run.status == "stopped" else run.status
+            status = "pruned" if run.id in self.pruned else run.status
             out[status] = out.get(status, 0) + 1
         out["queued"] = 0 if self._stop.is_set() else len(self.todo) - len(self.runs)
         return out
@@ -221,19 +254,28 @@ class SweepHandle:
         return sum(not _task_ended(run) for run in self._active)
 
     def _reap(self) -> None:
-        """Forget ended runs; a run stopped by the rule is stored as ``pruned``."""
+        """Forget ended runs (``runs`` keeps an :class:`EndedRun` in their place); a run stopped by
+        the rule is stored as ``pruned``."""
         for run in list(self._active):
             if not run.join(0):
                 continue
-            with self._lock:
-                self._active.remove(run)
             step = self._to_prune.pop(run, None)
             if step is not None and run.status == "stopped":
                 self.store.set_status(run.id, "pruned", f"pruned by median rule at step {step:g}")
                 self.pruned[run.id] = step
+            if self.sweep.early_stopping is not None and run.id not in (None, "starting"):
+                self._curve(run)                 # its curve stays a reference for the rule
+            ended = EndedRun.of(run)
+            if run.id in self.pruned:
+                ended.status, ended.message = "pruned", f"pruned by median rule at step {self.pruned[run.id]:g}"
+            with self._lock:
+                self._active.remove(run)
+                self.runs[self.runs.index(run)] = ended
 
     def _curve(self, run):
         seen, curve = self._curves.get(run.id, (-1, None))
+        if isinstance(run, EndedRun):
+            return curve
         if seen != len(run.log):
             seen, curve = len(run.log), self.sweep.early_stopping.curve(run.history())
             self._curves[run.id] = (seen, curve)
@@ -244,6 +286,7 @@ class SweepHandle:
         rule = self.sweep.early_stopping
         refs = {run.id: self._curve(run) for run in list(self.runs)
                 if run.id not in (None, "starting") and run.status not in ("failed", "diverged")}
+        refs = {rid: c for rid, c in refs.items() if c is not None}
         for run in list(self._active):
             if run.status != "running" or run in self._to_prune or run.id not in refs:
                 continue
