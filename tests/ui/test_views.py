@@ -377,7 +377,7 @@ def test_runs_table_lists_runs_overlays_selection_and_downloads():
 
 
 def test_config_panel_refuses_invalid_config_without_traceback():
-    panel = ConfigPanel()
+    panel = ConfigPanel(ql.ExperimentConfig())
     panel.config.data.dataset = "file"   # needs a path
     assert panel.validated() is None
     assert panel.error.visible and "path" in panel.error.object and "Traceback" not in panel.error.object
