@@ -48,12 +48,13 @@ from .quant_view import QuantView
 from .run_view import RunStatus, RunView
 from .runs_table import RunsTable
 from .ste_compare import SteCompareView
+from .sweep_view import SweepView
 from .streaming import StreamHub
 
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT = 30.0
-TAB_NAMES = ["Overview", "STE comparison", "Quantization", "Phases", "Runs"]
+TAB_NAMES = ["Overview", "STE comparison", "Quantization", "Phases", "Runs", "Sweeps"]
 
 _groups = itertools.count(1)
 
@@ -104,7 +105,8 @@ class Dashboard(pn.viewable.Viewer):
         self.quant = QuantView(**shared)
         self.phases = PhaseView(**shared)
         self.runs = RunsTable(on_show=self.show, owner=self.owner, **shared)
-        self.views = [self.overview, self.ste, self.quant, self.phases, self.runs]
+        self.sweeps = SweepView(config_source=self.config_panel.validated, owner=self.owner, **shared)  # Dask workers
+        self.views = [self.overview, self.ste, self.quant, self.phases, self.runs, self.sweeps]
         self.tabs = pn.Tabs(*zip(TAB_NAMES, self.views), dynamic=True, sizing_mode="stretch_width",
                             name="qatlab-tabs")
         self.views[0].set_active(True)
@@ -272,6 +274,7 @@ class Dashboard(pn.viewable.Viewer):
             except Exception:
                 log.exception("qatlab: stopping the periodic callback failed")
             self._periodic = None
+        self.sweeps.close(stop=not self.config_panel.keep_alive.value)
         stopping = [r for r in self.owned_runs() if not r.keep_alive and not r.done]
         for run in stopping:
             run.stop()
