@@ -12,7 +12,9 @@ on the same cores as the server; its rendering load is part of what is measured.
     * Four runs, headless vs streaming to one page. One round = the four ``Compare STE kinds``
       runs of a fixed config started headless *in the server process* (``start_ste_comparison``
       through the inspector, no page open), then the same config started from a page by
-      pressing ``Compare STE kinds`` (epochs typed into the sidebar). Throughput of a condition =
+      pressing ``Compare STE kinds`` (the config typed into the sidebar, :func:`set_page_config`: the
+      page's own default is the mnist CNN, the bench's config the digits MLP of earlier sessions).
+      Throughput of a condition =
       total steps of its four runs / (last finish - first start), from the server's own Run
       timestamps. The page's runs are checked to have exactly the headless config. Rounds
       alternate; the goal uses the median of the per-round ratios (page / headless).
@@ -33,7 +35,9 @@ on the same cores as the server; its rendering load is part of what is measured.
     closed page's session is destroyed 20-21 s later), no run may be running, no ``run-*``
     thread alive, and every session's Dashboard closed and not streaming. Then a page starts a long comparison and is closed mid-run: its
     four runs must stop (``stopped``) and their threads end.
-(c) Divergence: from a page, ``sgd`` at learning rate 100 (default model, cross-entropy) is
+    * The same with the page's default experiment (the mnist CNN, ``kind="cnn"``), reported apart
+      (informational, no goal): ``cnn_rounds`` rounds of ``cnn_epochs`` epochs.
+(c) Divergence: from a page, ``sgd`` at learning rate 100 (digits MLP, cross-entropy) is
     recorded as it ends (informational), then the same with ``Loss = mse``, which is expected to
     reach ``diverged``; the page must show it, and afterwards a fresh page must load and a short
     run must finish.
@@ -94,8 +98,11 @@ GOAL_PROBE_S = 2.0
 # The warm-up trains one full-size headless comparison (discarded): the first one of the process ran
 # 1-3% slower than the later ones (allocating the logs' memory), which made round 1's ratio look
 # better than it is.
-FULL = dict(rounds=5, epochs=1200, mem_lo=10_000, mem_hi=100_000, sessions=8, session_epochs=10)
-QUICK = dict(rounds=1, epochs=60, mem_lo=4_000, mem_hi=20_000, sessions=4, session_epochs=5)
+# Every part types the digits config into the page (set_page_config), as every earlier session measured.
+FULL = dict(rounds=5, epochs=1200, mem_lo=10_000, mem_hi=100_000, sessions=8, session_epochs=10,
+            cnn_rounds=2, cnn_epochs=4)
+QUICK = dict(rounds=1, epochs=60, mem_lo=4_000, mem_hi=20_000, sessions=4, session_epochs=5,
+             cnn_rounds=1, cnn_epochs=1)
 
 
 # ============================================================================ browser plumbing
@@ -267,9 +274,9 @@ def _inspector_state(ids=None, config: bool = True) -> dict:
             "threads": sorted(t.name for t in threading.enumerate()), "dashboards": dashboards}
 
 
-def _inspector_headless(epochs: int) -> dict:
+def _inspector_headless(epochs: int, kind: str = "digits") -> dict:
     from .runs import start_ste_comparison
-    runs = list(start_ste_comparison(_config(epochs), owner="bench-headless").values())
+    runs = list(start_ste_comparison(bench_config(epochs, kind=kind), owner="bench-headless").values())
     for r in runs:
         r.join()
     return {"runs": [_run_dict(r) for r in runs]}
@@ -279,8 +286,8 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
     """Serve the inspector's JSON on ``127.0.0.1:port`` (default ``$QATLAB_INSPECT_PORT``) in a daemon thread.
 
     Meant for ``panel serve --setup``: it runs inside the server process and reads that
-    process's runs, threads and Dashboards. Read-only except ``/headless?epochs=N``, which
-    trains one headless STE comparison there and returns its runs.
+    process's runs, threads and Dashboards. Read-only except ``/headless?epochs=N[&kind=cnn]``, which
+    trains one headless STE comparison of :func:`bench_config` there and returns its runs.
     """
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import parse_qs, urlsplit
@@ -296,7 +303,8 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
                     ids = set(query["ids"][0].split(",")) if "ids" in query else None
                     body = _inspector_state(ids, query.get("config", ["1"])[0] != "0")
                 elif url.path == "/headless":
-                    body = _inspector_headless(int(parse_qs(url.query)["epochs"][0]))
+                    query = parse_qs(url.query)
+                    body = _inspector_headless(int(query["epochs"][0]), query.get("kind", ["digits"])[0])
                 else:
                     self.send_error(404)
                     return
@@ -319,12 +327,38 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
     return thread
 
 
-def _config(epochs: int, metrics_every: int = 10):
-    from .config import ExperimentConfig
-    cfg = ExperimentConfig()
+BENCH_KINDS = ("digits", "cnn")
+
+
+def bench_config(epochs: int, metrics_every: int | None = None, kind: str = "digits"):
+    """The experiment the bench trains: ``digits`` is ``ExperimentConfig()`` (the digits MLP every earlier
+    session measured; a row every 10 steps), ``cnn`` the page's default ``dashboard_config()`` (ternary
+    CNN on mnist; a row every 5 steps); ``epochs`` (and ``metrics_every``, when given) set."""
+    from .config import ExperimentConfig, dashboard_config
+    if kind not in BENCH_KINDS:
+        raise ValueError(f"kind: must be one of {BENCH_KINDS}, got {kind!r}")
+    cfg = ExperimentConfig() if kind == "digits" else dashboard_config()
     cfg.optim.epochs = epochs
-    cfg.metrics_every = metrics_every
+    if metrics_every is not None:
+        cfg.metrics_every = metrics_every
     return cfg
+
+
+def _config(epochs: int, metrics_every: int = 10):
+    """The digits bench config (see :func:`bench_config`)."""
+    return bench_config(epochs, metrics_every)
+
+
+def set_page_config(dp: "DashboardPage", epochs: int, metrics_every: int | None = None, kind: str = "digits") -> None:
+    """Type :func:`bench_config` into the page's sidebar (dataset, architecture, hidden sizes, rows every,
+    epochs): the page's own default experiment is the mnist CNN, the bench's main one the digits MLP."""
+    cfg = bench_config(epochs, metrics_every, kind)
+    dp.select("Dataset", cfg.data.dataset)
+    dp.select("Architecture", cfg.model.architecture)
+    if cfg.model.architecture == "mlp":
+        dp.set_input("Hidden sizes (list)", ", ".join(str(h) for h in cfg.model.hidden))
+    dp.set_input("Metrics every (steps)", cfg.metrics_every)
+    dp.set_input("Epochs", epochs)
 
 
 _JS_SOURCES = """(prefix) => {
@@ -580,15 +614,15 @@ def _without_ste(cfg: dict) -> dict:
     return {**cfg, "quant": {**cfg["quant"], "ste": None}}
 
 
-def _headless_four(server: AppServer, epochs: int) -> dict:
-    return _group_throughput(server.inspect(f"/headless?epochs={epochs}", timeout=900)["runs"])
+def _headless_four(server: AppServer, epochs: int, kind: str = "digits") -> dict:
+    return _group_throughput(server.inspect(f"/headless?epochs={epochs}&kind={kind}", timeout=900)["runs"])
 
 
-def _page_four(browser, server: AppServer, epochs: int, timeout: float) -> dict:
+def _page_four(browser, server: AppServer, epochs: int, timeout: float, kind: str = "digits") -> dict:
     ctx = browser.new_context(viewport=VIEWPORT)
     try:
         dp = DashboardPage(ctx.new_page(), server.url).open()
-        dp.set_input("Epochs", epochs)
+        set_page_config(dp, epochs, kind=kind)
         before = set(server.runs())
         dp.start_update_counter("loss-source-")
         dp.click("Compare STE kinds")
@@ -598,7 +632,7 @@ def _page_four(browser, server: AppServer, epochs: int, timeout: float) -> dict:
         shown = dp.wait_status(lambda s: s in DONE, timeout=timeout, what="done")   # the page catches up
         time.sleep(0.5)   # let the last tick arrive
         changes = {k: v for k, v in dp.stop_update_counter().items() if k.removeprefix("loss-source-") in ids}
-        want = _without_ste(_config(epochs).to_dict())
+        want = _without_ste(bench_config(epochs, kind=kind).to_dict())
         out.update(rates=update_rates(changes), sources=len(changes), page_status=shown,
                    same_config=all(_without_ste(r["config"]) == want for r in runs),
                    console_errors=list(dp.console_errors))
@@ -613,8 +647,7 @@ def _memory(browser, server: AppServer, lo: int, hi: int, timeout: float) -> dic
     samples, points = [], {}
     try:
         dp = DashboardPage(ctx.new_page(), server.url).open()
-        dp.set_input("Epochs", epochs)
-        dp.set_input("Metrics every (steps)", 1)
+        set_page_config(dp, epochs, metrics_every=1)
         before = set(server.runs())
         dp.click("Start")
         rid = _new_runs(server, before, 1)[0]["id"]
@@ -706,7 +739,7 @@ def _sessions(browser, server: AppServer, n: int, epochs: int, timeout: float) -
         out["load_s"] = time.monotonic() - t0
         phases["pages loaded, typing epochs"] = time.monotonic()
         for dp in pages:
-            dp.set_input("Epochs", epochs)
+            set_page_config(dp, epochs)
         before = set(server.runs())
         phases["clicking Compare STE kinds"] = time.monotonic()
         for dp in pages:
@@ -744,7 +777,7 @@ def _sessions(browser, server: AppServer, n: int, epochs: int, timeout: float) -
     ctx = browser.new_context(viewport=VIEWPORT)
     try:
         dp = DashboardPage(ctx.new_page(), server.url).open()
-        dp.set_input("Epochs", 5000)
+        set_page_config(dp, 5000)
         before = set(server.runs())
         dp.click("Compare STE kinds")
         mid = [r["id"] for r in _new_runs(server, before, 4)]
@@ -788,6 +821,7 @@ def _divergence(browser, server: AppServer) -> dict:
     ctx = browser.new_context(viewport=VIEWPORT)
     try:
         dp = DashboardPage(ctx.new_page(), server.url).open()
+        set_page_config(dp, 5)
         dp.select("Optimizer", "sgd")
         dp.set_input("Learning rate", 100)
         dp.set_input("Epochs", 5)
@@ -803,7 +837,7 @@ def _divergence(browser, server: AppServer) -> dict:
     ctx = browser.new_context(viewport=VIEWPORT)
     try:
         dp = DashboardPage(ctx.new_page(), server.url).open()
-        dp.set_input("Epochs", 3)
+        set_page_config(dp, 3)
         out["after"] = _start_and_wait(dp, server)
     except Exception as exc:  # noqa: BLE001 - reported as a miss
         out["after"] = {"page_status": f"error: {exc}", "server_status": "?"}
@@ -815,11 +849,12 @@ def _divergence(browser, server: AppServer) -> dict:
 # ============================================================================ the suite
 
 
-def _throughput_part(browser, server, p, tag):
+def _throughput_part(browser, server, p, tag, kind: str = "digits"):
     rounds = []
-    for i in range(p["rounds"]):
-        h = _headless_four(server, p["epochs"])
-        b = _page_four(browser, server, p["epochs"], timeout=600)
+    n_rounds, epochs = (p["rounds"], p["epochs"]) if kind == "digits" else (p["cnn_rounds"], p["cnn_epochs"])
+    for i in range(n_rounds):
+        h = _headless_four(server, epochs, kind)
+        b = _page_four(browser, server, epochs, timeout=600, kind=kind)
         rates = [v for v in b["rates"].values() if not math.isnan(v)]
         rounds.append({
             "round": i + 1, "steps": h["steps"], "headless_steps_s": h["steps_per_s"],
@@ -831,7 +866,8 @@ def _throughput_part(browser, server, p, tag):
             "headless_statuses": h["statuses"], "page_statuses": b["statuses"],
             "console_errors": b["console_errors"], "rates": b["rates"],
         })
-    table = Table(f"(a) four STE runs: headless vs streaming to one page{tag}", [
+    what = "" if kind == "digits" else f", the page's default CNN on mnist ({epochs} epochs; informational)"
+    table = Table(f"(a) four STE runs: headless vs streaming to one page{what}{tag}", [
         Column("round", "round"), Column("steps", "steps (4 runs)"),
         Column("headless_steps_s", "headless steps/s", "{:.0f}"),
         Column("page_steps_s", "with page steps/s", "{:.0f}"),
@@ -914,7 +950,7 @@ def _divergence_part(browser, server):
     div = _divergence(browser, server)
     rows = [dict(case=label, run=div[key].get("run"), server_status=div[key].get("server_status"),
                  page_status=div[key].get("page_status"))
-            for key, label in (("ce", "sgd, lr 100, cross-entropy (default model)"), ("mse", "sgd, lr 100, mse"),
+            for key, label in (("ce", "sgd, lr 100, cross-entropy (digits MLP)"), ("mse", "sgd, lr 100, mse"),
                                ("after", "afterwards: fresh page, 3-epoch run"))]
     table = Table("(c) divergence, from the page", [
         Column("case", "case"), Column("run", "run"), Column("server_status", "run status"),
@@ -927,7 +963,7 @@ def _divergence_part(browser, server):
                 f"HTTP {div['http_after']}, new run {div['after'].get('page_status')!r}; "
                 f"traceback in page: {div['traceback_in_page']}")
     note = (f"(c) sgd at lr 100 with cross-entropy ended '{div['ce']['server_status']}' (informational: on the "
-            f"default model its loss stays finite); page alert for the mse run: {div['mse'].get('alert', '')[:160]!r}")
+            f"digits MLP its loss stays finite); page alert for the mse run: {div['mse'].get('alert', '')[:160]!r}")
     return div, table, goal, note
 
 
@@ -946,7 +982,8 @@ def run(opts: BenchOptions) -> SuiteResult:
     notes = [f"server: `panel serve app/` subprocess (+ --setup inspector on a second port, "
              f"--check-unused-sessions {CHECK_UNUSED_MS} --unused-session-lifetime {UNUSED_LIFETIME_MS}); "
              "browser: headless chromium on the same cores",
-             f"config: the dashboard defaults (digits, 64-256-10 ternary, adam, metrics every 10 steps) with "
+             f"config: ExperimentConfig() typed into the page (digits, 64-256-10 ternary, adam, metrics every 10 "
+             f"steps; the page's own default is the mnist CNN) with "
              f"epochs = {p['epochs']} for (a), {p['session_epochs']} for (b)"]
     if opts.quick:
         notes.append("--quick: 1 round, shorter runs, fewer sessions, smaller memory span (labelled [quick])")
@@ -965,6 +1002,14 @@ def run(opts: BenchOptions) -> SuiteResult:
                 extra["rounds"] = rounds
                 tables.append(table)
                 goals += gs
+
+                if p["cnn_rounds"]:
+                    _headless_four(server, 1, "cnn")   # warm-up: the CNN's kernels and data loaded
+                    cnn_rounds, table, gs = _throughput_part(browser, server, p, tag, kind="cnn")
+                    extra["cnn_rounds"] = cnn_rounds
+                    tables.append(table)
+                    notes.append("(a) with the page's default CNN on mnist (informational, not a goal): "
+                                 + "; ".join(f"{g.name.removesuffix(tag)}: {g.measured}" for g in gs))
 
                 mem, table, goal = _memory_part(browser, server, p, tag)
                 extra["memory"] = mem
@@ -985,7 +1030,7 @@ def run(opts: BenchOptions) -> SuiteResult:
                 browser.close()
     finally:
         server.stop()
-    errors = ([e for r in extra.get("rounds", []) for e in r["console_errors"]]
+    errors = ([e for r in extra.get("rounds", []) + extra.get("cnn_rounds", []) for e in r["console_errors"]]
               + extra.get("memory", {}).get("console_errors", []) + extra.get("sessions", {}).get("console_errors", [])
               + extra.get("divergence", {}).get("console_errors", []))
     extra["console_errors"] = errors

@@ -133,20 +133,28 @@ class ConfigPanel(pn.viewable.Viewer):
         self.file_chooser = DataFileChooser(self.config.data, data_dir=data_dir, on_change=self._changed)
         self.dataset_card = pn.pane.Markdown("", css_classes=["qatlab-dataset-card"], sizing_mode="stretch_width",
                                              margin=(0, 10), styles={"font-size": "12px"})
-        cards = [pn.Card(*self._section(key), title=title, collapsed=collapsed, sizing_mode="stretch_width",
-                         margin=(4, 0)) for key, title, collapsed in SECTIONS]
-        self.cards = pn.Column(*cards, sizing_mode="stretch_width")
+        self.file_chooser.on_shown = self._lay_out
+        self._contents = {key: self._section(key) for key, _, _ in SECTIONS}   # every view of a card, in order
+        self._laid: set[int] = set()      # ids of the views in the page (shown at least once)
+        self._cards = {key: pn.Card(title=title, collapsed=collapsed, sizing_mode="stretch_width", margin=(4, 0))
+                       for key, title, collapsed in SECTIONS}
+        self._filled = {key for key, _, collapsed in SECTIONS if not collapsed}   # a collapsed card fills when opened
+        for key in set(self._cards) - self._filled:
+            self._cards[key].param.watch(lambda e, k=key: self._fill(k) if not e.new else None, "collapsed")
+        self.cards = pn.Column(*self._cards.values(), sizing_mode="stretch_width")
         self.buttons = pn.Column(
             pn.Row(self.start_button, self.stop_button, sizing_mode="stretch_width"),
             pn.Row(self.pause_button, self.resume_button, sizing_mode="stretch_width"),
             self.compare_button, self.keep_alive, self.error, sizing_mode="stretch_width")
         self._building = False
+        self._lay_out(self.dataset_card)
         self._changed()
 
     # ---------------------------------------------------------------- building
     def _field(self, obj, key: str, name: str) -> Field:
         path = f"{key}.{name}" if key else name
         field = Field(obj, name, label=LABELS.get(path), on_change=self._changed)
+        field.on_shown = self._lay_out
         self.fields[path] = field
         rule = SHOWN_WHEN.get(path) or doc_rule(obj, name)
         switch = SECTION_SWITCH.get(key)
@@ -162,12 +170,40 @@ class ConfigPanel(pn.viewable.Viewer):
         for name in sub.param:
             if f"{key}.{name}" in NOT_SHOWN or name in NOT_SHOWN or not supported(sub.param[name]):
                 continue
-            views += self._field(sub, key, name).views
+            views.append(self._field(sub, key, name))
             if key == "data" and name == "dataset":
-                views += [self.dataset_card, *self.file_chooser.views]
+                views += [self.dataset_card, self.file_chooser]
         if key == "optim":
-            views += self._field(self.config, "", "metrics_every").views
+            views.append(self._field(self.config, "", "metrics_every"))
         return views
+
+    # ---------------------------------------------------------------- layout
+    def _lay_out(self, *parts) -> None:
+        """Put the shown views of ``parts`` (Fields, the file chooser: widgets and error line; or
+        panes) in the page, in their card's order. A view is laid out once first shown: a hidden
+        field, an error line, the upload box build no Bokeh models when a page opens."""
+        views = []
+        for part in parts:
+            if isinstance(part, pn.viewable.Viewable):
+                views.append(part)
+            else:
+                views += [*(part.views if part.visible else ()), *((part.message,) if part.message_shown else ())]
+        new = {id(v) for v in views} - self._laid
+        if not new:
+            return
+        self._laid |= new
+        if not self._building:
+            for key in list(self._filled):
+                if any(id(v) in new for v in _views(self._contents[key])):
+                    self._fill(key)
+
+    def _fill(self, key: str) -> None:
+        """Show card ``key``'s laid-out views (a collapsed card is filled when first opened)."""
+        self._filled.add(key)
+        shown = [v for v in _views(self._contents[key]) if id(v) in self._laid]
+        card = self._cards[key]
+        if len(shown) != len(card.objects) or any(a is not b for a, b in zip(shown, card.objects)):
+            card.objects = shown
 
     # ---------------------------------------------------------------- checking
     def _parts(self):
@@ -196,6 +232,7 @@ class ConfigPanel(pn.viewable.Viewer):
             self.error.object = "**Start is disabled until this is fixed:**\n\n" + "\n".join(
                 f"- {_md(p)}" for p in self.problems)
         self.error.visible = bool(self.problems)
+        self._lay_out(*self._parts())
 
     def _part_named(self, message: str):
         """The field a rule's message names (``ModelConfig.hidden[0]: ...``, ``phase.gradient_accumulation: ...``)."""
@@ -269,6 +306,18 @@ class ConfigPanel(pn.viewable.Viewer):
 
     def __panel__(self):
         return pn.Column(self.buttons, self.cards, sizing_mode="stretch_width")
+
+
+def _views(entries) -> list:
+    """A card's entries (panes, Fields, the file chooser) as the panes they lay out, in order:
+    a part's widgets, then its error line once it has one."""
+    out = []
+    for entry in entries:
+        if isinstance(entry, pn.viewable.Viewable):
+            out.append(entry)
+        else:
+            out += [*entry.views, *((entry.message,) if entry.message_made else ())]
+    return out
 
 
 def card_markdown(card) -> str:

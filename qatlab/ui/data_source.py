@@ -100,7 +100,7 @@ class DataFileChooser(Checked):
                 + (", or choose a file the server offers." if self.data_dir else "."))
         self.box = pn.Column(pn.pane.HTML(f"<small>{hint}</small>", margin=(0, 10)), self.upload, self.choice,
                              self.using, self.guard, sizing_mode="stretch_width", margin=0)
-        self.views = [self.box, self.message]
+        self.views = [self.box]
         self._show_using()
 
     def _listing(self) -> list[str]:

@@ -102,7 +102,11 @@ def supported(p: param.Parameter) -> bool:
 
 class Checked:
     """An error line under a widget: the part's own ``error`` and a ``rule_error`` (set by the
-    panel when a rule spanning several fields names this part); ``message`` shows whichever is set."""
+    panel when a rule spanning several fields names this part); ``message`` shows whichever is set.
+
+    ``views`` are the part's widgets (without ``message``). The message pane is laid out by the
+    panel only once it is first shown (each pane laid out is Bokeh models every page open builds
+    and sends, and most fields never show an error)."""
 
     label = ""
     key = ""
@@ -111,8 +115,25 @@ class Checked:
         self._visible = True
         self.error: str | None = None
         self.rule_error: str | None = None
-        self.message = pn.pane.HTML("", visible=False, css_classes=["qatlab-field-error"], styles=ERROR_STYLE,
-                                    sizing_mode="stretch_width", margin=(0, 10))
+        self._message = None    # the error pane, made on first use
+        self.on_shown = None    # called with the part when its message or widgets show (the panel lays them out)
+
+    @property
+    def message(self) -> pn.pane.HTML:
+        """The error line (CSS class ``qatlab-field-error``), hidden while there is no error."""
+        if self._message is None:
+            self._message = pn.pane.HTML("", visible=False, css_classes=["qatlab-field-error"], styles=ERROR_STYLE,
+                                         sizing_mode="stretch_width", margin=(0, 10))
+        return self._message
+
+    @property
+    def message_made(self) -> bool:
+        """The error pane exists (the part has shown an error once)."""
+        return self._message is not None
+
+    @property
+    def message_shown(self) -> bool:
+        return self._message is not None and self._message.visible
 
     def _set_error(self, message: str | None) -> None:
         self.error = message
@@ -129,8 +150,12 @@ class Checked:
 
     def _show(self) -> None:
         text = self.shown_error
+        if text is None and self._message is None:
+            return              # never had an error: nothing to hide
         self.message.object = "" if text is None else _html(text)
         self.message.visible = text is not None and self._visible
+        if self.message.visible and self.on_shown is not None:
+            self.on_shown(self)
 
     @property
     def visible(self) -> bool:
@@ -141,8 +166,9 @@ class Checked:
     def visible(self, value: bool) -> None:
         self._visible = bool(value)
         for view in self.views:
-            if view is not self.message:
-                view.visible = self._visible
+            view.visible = self._visible
+        if self._visible and self.on_shown is not None:
+            self.on_shown(self)
         self._show()
 
 
@@ -166,7 +192,7 @@ class Field(Checked):
         self._assigning = False
         self.widget = self._make_widget(getattr(obj, name))
         self._last_text = self.widget.value if isinstance(self.widget, pn.widgets.TextInput) else None
-        self.views = [self.widget, self.message]   # laid out by the panel (no wrapper: fewer models per page)
+        self.views = [self.widget]   # laid out by the panel, with ``message`` (no wrapper: fewer models per page)
         self.typed = isinstance(self.widget, pn.widgets.TextInput) and not isinstance(self.p, param.String)
         if self.typed:
             self.widget.param.watch(self._on_text, "value_input")

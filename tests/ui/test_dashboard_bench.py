@@ -122,11 +122,17 @@ def _fake_parts(monkeypatch, *, page_rate: float, rss_hi: int, probe_max: float,
     monkeypatch.setattr(bd, "launch_chromium", lambda pw: _FakeBrowser())
     monkeypatch.setattr(bd, "AppServer", _FakeServer)
     head = {"steps": 5520, "wall_s": 2.0, "steps_per_s": 2760.0, "statuses": ["finished"], "ids": []}
-    monkeypatch.setattr(bd, "_headless_four", lambda server, epochs: dict(head))
+    calls = []
+    monkeypatch.setattr(bd, "_headless_four",
+                        lambda server, epochs, kind="digits": calls.append(("headless", epochs, kind)) or dict(head))
     rates = {f"loss-source-run-000{i}": 8.0 + i for i in range(4)}
-    monkeypatch.setattr(bd, "_page_four", lambda browser, server, epochs, timeout: {
-        **head, "steps_per_s": page_rate, "wall_s": 5520 / page_rate, "rates": rates, "sources": 4,
-        "page_status": "finished", "same_config": True, "console_errors": []})
+
+    def page_four(browser, server, epochs, timeout, kind="digits"):
+        calls.append(("page", epochs, kind))
+        rate = page_rate if kind == "digits" else page_rate / 2    # the CNN's rounds: a different ratio
+        return {**head, "steps_per_s": rate, "wall_s": 5520 / rate, "rates": rates, "sources": 4,
+                "page_status": "finished", "same_config": True, "console_errors": []}
+    monkeypatch.setattr(bd, "_page_four", page_four)
     monkeypatch.setattr(bd, "_memory", lambda browser, server, lo, hi, timeout: {
         "points": {"lo": {"steps": lo, "rss": 300 * 2**20, "log_nbytes": 2**20},
                    "hi": {"steps": hi, "rss": rss_hi, "log_nbytes": 7 * 2**20}},
@@ -146,6 +152,7 @@ def _fake_parts(monkeypatch, *, page_rate: float, rss_hi: int, probe_max: float,
         "ce": {"run": "run-0001", "server_status": "finished", "page_status": "finished"}, "mse": mse,
         "after": {"run": "run-0003", "server_status": "finished", "page_status": "finished"},
         "http_after": 200, "traceback_in_page": False, "console_errors": []})
+    return calls
 
 
 def _run(tmp_path, opts):
@@ -156,14 +163,21 @@ def _run(tmp_path, opts):
 
 
 def test_suite_structure_all_pass(monkeypatch, tmp_path):
-    _fake_parts(monkeypatch, page_rate=2500.0, rss_hi=310 * 2**20, probe_max=0.5, diverged=True)
+    calls = _fake_parts(monkeypatch, page_rate=2500.0, rss_hi=310 * 2**20, probe_max=0.5, diverged=True)
     result, payload, text = _run(tmp_path, QUICK)
     assert payload["suite"] == "dashboard"
     titles = [t["title"] for t in payload["tables"]]
-    assert len(titles) == 4
-    assert titles[0].startswith("(a) four STE runs") and titles[1].startswith("(a) server memory")
-    assert titles[2].startswith("(b) 4 concurrent sessions") and titles[3].startswith("(c) divergence")
-    assert all("[quick]" in t for t in titles[:3])
+    assert len(titles) == 5
+    assert titles[0].startswith("(a) four STE runs") and "CNN" not in titles[0]
+    assert titles[1].startswith("(a) four STE runs") and "default CNN on mnist (1 epochs; informational)" in titles[1]
+    assert titles[2].startswith("(a) server memory")
+    assert titles[3].startswith("(b) 4 concurrent sessions") and titles[4].startswith("(c) divergence")
+    assert all("[quick]" in t for t in titles[:4])
+    # the CNN rounds: after a warm-up, headless and page rounds of the page's default experiment; no goal
+    assert calls.count(("headless", 1, "cnn")) == 2 and calls.count(("page", 1, "cnn")) == 1
+    assert calls.count(("page", bd.QUICK["epochs"], "digits")) == 1
+    cnn_note = next(n for n in payload["notes"] if "default CNN" in n)
+    assert "not a goal" in cnn_note and "45.3%" in cnn_note and len(payload["extra"]["cnn_rounds"]) == 1
     goals = payload["goals"]
     assert len(goals) == 8
     assert all(g["status"] == "PASS" for g in goals), [g for g in goals if g["status"] != "PASS"]
@@ -187,3 +201,42 @@ def test_suite_reports_misses_honestly(monkeypatch, tmp_path):
     assert div["status"] == "MISS"
     assert "[quick]" not in text
     assert len(payload["tables"][0]["rows"]) == bd.FULL["rounds"]
+    assert len(payload["tables"][1]["rows"]) == bd.FULL["cnn_rounds"]
+
+
+def test_bench_config_kinds():
+    digits, cnn = bd.bench_config(7), bd.bench_config(3, kind="cnn")
+    assert digits.to_dict() == bd._config(7).to_dict()
+    assert (digits.data.dataset, digits.model.architecture, digits.optim.epochs) == ("digits", "mlp", 7)
+    assert (cnn.data.dataset, cnn.model.architecture, cnn.optim.epochs) == ("mnist", "cnn", 3)
+    assert bd.bench_config(2, metrics_every=1).metrics_every == 1
+    with pytest.raises(ValueError, match="kind"):
+        bd.bench_config(1, kind="resnet")
+
+
+class _RecordingPage:
+    def __init__(self):
+        self.done = []
+
+    def select(self, label, option):
+        self.done.append((label, str(option)))
+
+    def set_input(self, label, value):
+        self.done.append((label, str(value)))
+
+
+def test_set_page_config_types_the_bench_config():
+    """The page's default is the mnist CNN: the bench types every field where the digits MLP differs."""
+    import qatlab as ql
+
+    page = _RecordingPage()
+    bd.set_page_config(page, 12)
+    typed = dict(page.done)
+    cfg, default = bd.bench_config(12), ql.dashboard_config()
+    assert typed == {"Dataset": "digits", "Architecture": "mlp", "Hidden sizes (list)": "256",
+                     "Metrics every (steps)": "10", "Epochs": "12"}
+    diff = {k for k, v in cfg.to_dict().items() if v != default.to_dict()[k]}
+    assert diff == {"data", "model", "optim", "metrics_every"}   # each of them typed above
+    page = _RecordingPage()
+    bd.set_page_config(page, 2, kind="cnn")
+    assert dict(page.done) == {"Dataset": "mnist", "Architecture": "cnn", "Metrics every (steps)": "5", "Epochs": "2"}

@@ -202,6 +202,45 @@ def test_a_hidden_field_a_rule_names_is_shown_to_be_fixed():
     assert not field.visible and not panel.problems and not panel.start_button.disabled
 
 
+def _card_views(panel: ConfigPanel) -> list:
+    return [v for card in panel.cards.objects for v in card.objects]
+
+
+def test_a_page_lays_out_only_what_it_shows():
+    """Hidden fields, error lines, the upload box and the collapsed Phase card's fields join the page
+    when first shown, in their card's order (each laid-out pane is Bokeh models a page open builds)."""
+    from bokeh.document import Document
+
+    panel = ConfigPanel()                         # the mnist CNN: hidden sizes, momentum, ... do not apply
+    laid = {id(v) for v in _card_views(panel)}
+    hidden = [f for f in panel.fields.values() if not f.visible]
+    assert hidden and not any(id(f.widget) in laid for f in hidden)
+    assert not any(f.message_made for f in panel.fields.values())
+    assert id(panel.file_chooser.box) not in laid
+    phase = panel.cards.objects[-1]
+    assert phase.collapsed and not phase.objects
+    small = len(list(panel.cards.get_root(Document()).references()))
+
+    lr = typed(panel, "optim.lr", "0")            # an error line, right under its widget
+    views = _card_views(panel)
+    assert lr.message_shown and views[views.index(lr.widget) + 1] is lr.message
+    typed(panel, "optim.lr", "0.01")
+    assert not lr.message.visible and lr.message in _card_views(panel)   # kept, hidden
+    panel.fields["optim.optimizer"].widget.value = "momentum"
+    optim = [f for k, f in panel.fields.items() if k.startswith("optim.") or k == "metrics_every"]
+    expect = [v for f in optim if f.visible for v in (f.widget, *((f.message,) if f.message_made else ()))]
+    assert panel.cards.objects[3].objects == expect and panel.fields["optim.momentum"].widget in expect
+    panel.config.data.dataset = "file"
+    views = _card_views(panel)
+    assert views[views.index(panel.dataset_card) + 1] is panel.file_chooser.box
+    phase.collapsed = False                        # opened: its shown fields, in order
+    assert [v for v in phase.objects] == [panel.fields["phase.enabled"].widget]
+    panel.config.phase.enabled = True
+    assert len(phase.objects) > 5 and phase.objects[0] is panel.fields["phase.enabled"].widget
+    full = len(list(panel.cards.get_root(Document()).references()))
+    assert full > small + 40, (small, full)
+
+
 def test_doc_rule_is_generic():
     class Arch(param.Parameterized):
         architecture = param.Selector(default="mlp", objects=["mlp", "cnn"])
