@@ -18,33 +18,35 @@ from typing import Callable
 
 from numba.core import event as _nb_event
 
-from .config import ExperimentConfig
+from .config import ExperimentConfig, dashboard_config
 from .ste import SteKind
 
 __all__ = ["default_configs", "warmup", "start", "wait", "status", "status_text", "WarmupStatus"]
 
 
 def default_configs() -> list[tuple[str, ExperimentConfig]]:
-    """(label, config) the dashboard starts most: its default run, the STE comparison's kinds,
-    phase training, fake-quantized weights (with and without activations) and float weights."""
+    """(label, config) the dashboard starts most: its default run (:func:`dashboard_config`), the STE
+    comparison's kinds, fake-quantized weights (with and without activations) and float weights of that
+    CNN; then the digits MLP and its phase training (phase training is MLP-only)."""
     out = []
 
-    def add(label, **changes):
-        cfg = ExperimentConfig()
+    def add(label, base, **changes):
+        cfg = base()
         for key, value in changes.items():
             section, name = key.split("__")
             setattr(getattr(cfg, section), name, value)
         out.append((label, cfg))
 
-    add("default run")
+    add("default run", dashboard_config)
     for kind in SteKind:
-        if kind.value != ExperimentConfig().quant.ste:
-            add(f"STE {kind.value}", quant__ste=kind.value)
-    add("phase training", phase__enabled=True)
-    add("phase training (least squares)", phase__enabled=True, phase__predictor="least_squares")
-    add("fake-quantized weights", quant__weights="fake")
-    add("fake weights + activations", quant__weights="fake", quant__activations="fake")
-    add("float weights", quant__weights="float")
+        if kind.value != dashboard_config().quant.ste:
+            add(f"STE {kind.value}", dashboard_config, quant__ste=kind.value)
+    add("fake-quantized weights", dashboard_config, quant__weights="fake")
+    add("fake weights + activations", dashboard_config, quant__weights="fake", quant__activations="fake")
+    add("float weights", dashboard_config, quant__weights="float")
+    add("MLP on digits", ExperimentConfig)
+    add("phase training", ExperimentConfig, phase__enabled=True)
+    add("phase training (least squares)", ExperimentConfig, phase__enabled=True, phase__predictor="least_squares")
     return out
 
 

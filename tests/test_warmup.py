@@ -161,7 +161,7 @@ def test_after_the_warmup_full_runs_need_no_new_kernel():
     warmup.warmup()
     before = _overloads()
     for label, cfg in warmup.default_configs():
-        cfg.optim.epochs = 12
+        cfg.optim.epochs = 2 if cfg.model.architecture == "cnn" else 12   # (the MLP's phase cycles take longer to reach)
         assert ql.run_experiment(cfg).status == "finished", label
     missed = {d.py_func.__qualname__: sigs - before.get(d, set()) for d, sigs in _overloads().items()
               if sigs - before.get(d, set())}

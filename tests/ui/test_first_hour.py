@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 FIRST_ROW_GOAL_S = 3.0
 NOT_COMPILING_S = 10.0
 X_SLACK = 0.05
-SHORT_EPOCHS = 10
+SHORT_EPOCHS = 2       # of the page's default CNN (~1.5 s alone)
 TABS = ["Overview", "STE comparison", "Quantization", "Phases", "Runs"]
 DONE = ("finished", "stopped", "diverged", "failed")
 MEASURED: dict[str, float] = {}
@@ -206,6 +206,8 @@ def test_a_finished_run_has_x_axes_ending_at_its_data(dash):
 
 
 def test_phase_run_timeline_legend_outside_and_titles_clear(dash):
+    dash.select("Architecture", "mlp")          # phase training is MLP-only: the digits MLP
+    dash.select("Dataset", "digits")
     dash.sidebar_text("Phase training").click()
     dash.checkbox("Enabled").click()
     _wait_for(lambda: dash.page.locator("#sidebar").get_by_text("Predictor", exact=True).first.is_visible(), 10,
@@ -223,7 +225,9 @@ def test_phase_run_timeline_legend_outside_and_titles_clear(dash):
     for name in ("fig-phase-backward", "fig-phase-pred", "fig-phase-lengths"):
         assert figs[name]["toolbar"] == "right", figs[name]
     visit_every_tab(dash, "after a phase run")
-    dash.checkbox("Enabled").click()          # phase training off again
+    dash.checkbox("Enabled").click()          # phase training off again, back to the default CNN
+    dash.select("Dataset", "mnist")
+    dash.select("Architecture", "cnn")
 
 
 def test_quantization_header_names_quantized_activations(dash):
