@@ -80,6 +80,25 @@ def test_results_do_not_depend_on_the_core_count(monkeypatch, cores):
     np.testing.assert_array_equal(g_c.flat(), g.flat())
 
 
+def test_conv_output_of_a_fused_relu_and_pool():
+    m = ql.Cnn((1, 10, 10), [3], 4, kernel_size=3, pool=2, seed=1)
+    m.biases(0)[:] = [0.3, -0.2, 0.1]
+    x = RNG.standard_normal((5, 1, 10, 10)).astype(np.float32)
+    s = m.scratch(5)
+    m.forward(x, s)
+    w = m.conv_weight(0)
+    ref = np.zeros((5, 3, 8, 8))
+    for i in range(8):
+        for j in range(8):
+            ref[:, :, i, j] = np.einsum("ncuv,ocuv->no", x[:, :, i:i + 3, j:j + 3], w) + m.biases(0)
+    np.testing.assert_allclose(s.conv_output(0), np.maximum(ref, 0), rtol=1e-5, atol=1e-5)
+    g = m.gradients(5)
+    cross_entropy_loss(s.output(), RNG.integers(0, 4, 5), g.d_output_mut())
+    m.backward(x, s, g)
+    with pytest.raises(ValueError, match="not kept"):
+        s.conv_output(0)
+
+
 def test_four_dimensional_input_and_activation_quantizers():
     m = ql.Cnn((1, 10, 10), [3], 4, hidden=[6], kernel_size=3, pool=2, seed=0)
     x = RNG.standard_normal((4, 1, 10, 10)).astype(np.float32)

@@ -101,8 +101,10 @@ def test_bias_activation_layout_kernels_match_numpy(act):
     B, O, P = 3, 4, 10
     z = RNG.standard_normal((O, B * P)).astype(np.float32)
     bias = RNG.standard_normal(O).astype(np.float32)
-    y = np.empty((B, O, P), np.float32)
-    K.cols_to_nchw(z, bias, ACT_CODES[act], y)
+    y = np.full((B, O, P), np.nan, np.float32)
+    K.cols_to_nchw(z, bias, ACT_CODES[act], 1, B, y)          # images 1 and 2, then image 0
+    assert np.isnan(y[0]).all()
+    K.cols_to_nchw(z, bias, ACT_CODES[act], 0, 1, y)
     pre = (z + bias[:, None]).reshape(O, B, P).transpose(1, 0, 2)
     ref = {"identity": pre, "relu": np.maximum(pre, 0), "leaky_relu": np.where(pre < 0, 0.01 * pre, pre),
            "tanh": np.tanh(pre), "sigmoid": 1 / (1 + np.exp(-pre)), "sign": np.sign(pre)}[act]
@@ -110,10 +112,47 @@ def test_bias_activation_layout_kernels_match_numpy(act):
     dy = RNG.standard_normal((B, O, P)).astype(np.float32)
     deriv = {"identity": 1.0, "sign": 1.0, "relu": (y > 0) * 1.0, "leaky_relu": np.where(y > 0, 1.0, 0.01),
              "tanh": 1 - y * y, "sigmoid": y * (1 - y)}[act]
-    dz, db = np.empty((O, B * P), np.float32), np.empty(O, np.float32)
-    K.nchw_to_cols(dy, y, ACT_CODES[act], dz, db)
+    dz, db = np.full((O, B * P), np.nan, np.float32), np.empty(O, np.float32)
+    K.nchw_to_cols(dy, y, ACT_CODES[act], 1, B, dz, db)      # images 1 and 2 only
     ref_dz = (dy * deriv).transpose(1, 0, 2).reshape(O, B * P)
-    np.testing.assert_allclose(dz, ref_dz, rtol=1e-6, atol=1e-7)
+    assert np.isnan(dz[:, :P]).all()
+    np.testing.assert_allclose(dz[:, P:], ref_dz[:, P:], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(db, ref_dz[:, P:].astype(np.float64).sum(axis=1), rtol=1e-5, atol=1e-6)
+
+
+def ref_bias_act_pool(z, bias, relu, B, H, W, kh, kw):
+    """Max pool (stride = window) of act(z + bias) laid out as (B, Cout, H, W), with the pool's indices."""
+    a = (z + bias[:, None]).reshape(len(bias), B, H, W).transpose(1, 0, 2, 3)
+    return ref_pool(np.maximum(a, 0) if relu else np.ascontiguousarray(a), kh, kw, kh, kw)
+
+
+@pytest.mark.parametrize("act", ["relu", "identity"])
+@pytest.mark.parametrize("k", [(2, 2), (1, 2), (3, 2), (2, 3)])
+def test_bias_act_pool_and_its_backward_match_numpy(act, k):
+    B, O, H, W = 3, 4, 7, 9
+    code = ACT_CODES[act]
+    z = RNG.integers(-3, 4, (O, B * H * W)).astype(np.float32)      # ties: the first maximum wins
+    z[1, 5], z[2, 70], z[3, 100:102] = np.nan, np.inf, (np.inf, -np.inf)
+    bias = np.array([0.5, -1, 0, 2], np.float32)
+    y_ref, idx_ref = ref_bias_act_pool(z, bias, act == "relu", B, H, W, *k)
+    y, idx = np.full_like(y_ref, np.nan), np.full_like(idx_ref, -1)
+    K.bias_act_pool(z, bias, code, *k, H, W, 1, B, y, idx)
+    K.bias_act_pool(z, bias, code, *k, H, W, 0, 1, y, idx)
+    np.testing.assert_array_equal(y, y_ref)
+    live = y_ref > 0 if act == "relu" else np.ones(y.shape, bool)
+    np.testing.assert_array_equal(idx[live], idx_ref[live])   # a ReLU window with max <= 0 routes no gradient
+    dy = RNG.standard_normal(y.shape).astype(np.float32)
+    dz, db = np.full((O, B * H * W), np.nan, np.float32), np.empty(O, np.float32)
+    K.pool_to_cols(dy, idx, y, code, H * W, 0, B, dz, db)
+    # reference: the pool's backward, then the activation's derivative, in the (Cout, B*P) layout
+    da = np.zeros((B, O, H, W), np.float32)
+    for (b, o, i, j), v in np.ndenumerate(dy):
+        da[b, o].flat[idx_ref[b, o, i, j]] += v
+    pre = (z + bias[:, None]).reshape(O, B, H, W).transpose(1, 0, 2, 3)
+    if act == "relu":
+        da = da * (pre > 0)
+    ref_dz = da.transpose(1, 0, 2, 3).reshape(O, -1)
+    np.testing.assert_array_equal(dz, ref_dz)
     np.testing.assert_allclose(db, ref_dz.astype(np.float64).sum(axis=1), rtol=1e-5, atol=1e-6)
 
 

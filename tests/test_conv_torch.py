@@ -70,19 +70,21 @@ def _torch_twin(m, x, labels, weights):
     return a.detach().numpy(), loss.item(), xt, ws, bs
 
 
-@pytest.mark.parametrize("image,channels,hidden,kernel,pool", [
-    ((1, 28, 28), [16, 32], [], 5, 2),           # the LeNet shape of the bench
-    ((2, 9, 10), [3], [7], 3, 2),
-    ((1, 1, 40), [4, 6], [8], 5, 2),             # mnist1d-like signals
-    ((1, 8, 8), [4, 5], [], 3, 1),               # digits-like, no pooling
+@pytest.mark.parametrize("image,channels,hidden,kernel,pool,batch", [
+    ((1, 28, 28), [16, 32], [], 5, 2, 6),        # the LeNet shape of the bench
+    ((1, 28, 28), [16, 32], [], 5, 2, 40),       # several chunks of images (the last one partial)
+    ((2, 9, 10), [3], [7], 3, 2, 6),
+    ((1, 1, 40), [4, 6], [8], 5, 2, 6),          # mnist1d-like signals
+    ((1, 8, 8), [4, 5], [], 3, 1, 6),            # digits-like, no pooling
+    ((1, 8, 8), [4, 5], [], 3, 1, 35),
 ])
-def test_cnn_matches_a_torch_twin(image, channels, hidden, kernel, pool):
+def test_cnn_matches_a_torch_twin(image, channels, hidden, kernel, pool, batch):
     m = ql.Cnn(image, channels, 10, hidden=hidden, kernel_size=kernel, pool=pool, seed=3)
     for i in range(m.num_layers):
         m.biases(i)[:] = RNG.standard_normal(m.biases(i).shape) * 0.1
-    x = RNG.standard_normal((6, int(np.prod(image)))).astype(np.float32)
-    labels = RNG.integers(0, 10, 6)
-    s, g = m.scratch(8), m.gradients(8)
+    x = RNG.standard_normal((batch, int(np.prod(image)))).astype(np.float32)
+    labels = RNG.integers(0, 10, batch)
+    s, g = m.scratch(batch + 2), m.gradients(batch + 2)
     out = m.forward(x, s)
     loss = cross_entropy_loss(out, labels, g.d_output_mut())
     dx = m.backward(x, s, g)

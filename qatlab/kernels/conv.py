@@ -12,12 +12,16 @@ and its backward::
     dz[o, b*P + p] = dy[b, o, p] * act'(y[b, o, p]),  db[o] = sum dz[o, :]   (:func:`nchw_to_cols`)
     dWq = dz @ cols.T,   dcols = Wq.T @ dz,   dx = col2im(dcols)              (:func:`col2im`)
 
+With a ReLU (or no activation) followed by a max pool, :func:`bias_act_pool` pools z + bias and
+applies the activation to the pooled values only (both commute with max), and :func:`pool_to_cols`
+is the backward of both at once: the activation map (B, Cout, OH, OW) is never written.
+
 Activation codes and derivatives are those of :mod:`qatlab.kernels.dense` (in terms of the output).
 Max pooling keeps the flat index (within the H x W plane) of each window's maximum, so its backward
-is one scatter-add. :func:`im2col` and :func:`col2im` work on a range of images, so callers may run
-ranges on several threads (they write disjoint parts); every sum runs inside one call in a fixed
-order, so the results do not depend on the thread count. Arrays are indexed flat with unsigned
-integers: Numba then drops the negative-index wraparound tests and the copy loops vectorise.
+is one scatter-add. The kernels work on a range of images, so callers may run ranges on several
+threads (they write disjoint parts); every sum runs inside one call in a fixed order, so the results
+do not depend on the thread count. Arrays are indexed flat with unsigned integers: Numba then drops
+the negative-index wraparound tests and the copy loops vectorise.
 """
 from __future__ import annotations
 
@@ -116,10 +120,11 @@ def col2im(cols, kh, kw, sh, sw, ph, pw, b_lo, b_hi, dx):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def cols_to_nchw(z, bias, act, y):
-    """y[b, o, p] = act(z[o, b*P + p] + bias[o]); z (Cout, B*P), bias (Cout,), y (B, Cout, P)."""
+def cols_to_nchw(z, bias, act, b_lo, b_hi, y):
+    """y[b, o, p] = act(z[o, b*P + p] + bias[o]) for images b_lo <= b < b_hi; z (Cout, B*P), bias (Cout,),
+    y (B, Cout, P)."""
     B, Co, P = y.shape
-    for b in range(B):
+    for b in range(b_lo, b_hi):
         for o in range(Co):
             bo = bias[o]
             q = b * P
@@ -146,14 +151,14 @@ def cols_to_nchw(z, bias, act, y):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_RED)
-def nchw_to_cols(dy, y, act, dz, db):
-    """dz[o, b*P + p] = dy[b, o, p] * act'(y[b, o, p]) and db[o] = sum over b, p of it (per image
-    a vectorised sum, whose order depends on P only); dy, y (B, Cout, P) (y the activation output),
-    dz (Cout, B*P), db (Cout,)."""
+def nchw_to_cols(dy, y, act, b_lo, b_hi, dz, db):
+    """dz[o, b*P + p] = dy[b, o, p] * act'(y[b, o, p]) for images b_lo <= b < b_hi, and db[o] = the sum
+    of those (per image a vectorised sum, whose order depends on P only); dy, y (B, Cout, P) (y the
+    activation output), dz (Cout, B*P), db (Cout,)."""
     B, Co, P = dy.shape
     for o in range(Co):
         acc = _ZERO
-        for b in range(B):
+        for b in range(b_lo, b_hi):
             q = b * P
             if act == RELU:
                 for p in range(P):
@@ -178,14 +183,15 @@ def nchw_to_cols(dy, y, act, dz, db):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _window_scan(xf, xo, corner, kh, kw, W):
-    """(max, flat index) of one window holding a NaN or an infinity: the first maximum, a NaN wins."""
+def _window_scan(xf, xo, corner, kh, kw, W, bias):
+    """(max, flat index) of one window of x + bias holding a NaN or an infinity: the first maximum,
+    a NaN wins."""
     at = corner
-    best = xf[_U(xo + corner)]
+    best = xf[_U(xo + corner)] + bias
     for i in range(kh):
         for j in range(kw):
             k = corner + i * W + j
-            v = xf[_U(xo + k)]
+            v = xf[_U(xo + k)] + bias
             if best == best and not v <= best:
                 best = v
                 at = k
@@ -193,65 +199,113 @@ def _window_scan(xf, xo, corner, kh, kw, W):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _pool_by_2(xf, kh, H, W, yf, jf, planes, OH, OW):
-    """:func:`maxpool_forward` of 2x2 (kh = 2) or 1x2 (kh = 1) windows at their own stride, unrolled:
-    the pools of the Cnn. The first maximum's offset is chosen by integer arithmetic."""
-    down = W if kh == 2 else 0             # 1x2: the "second row" is the first again, never chosen
-    for plane in range(planes):
-        xo = plane * H * W
-        yo = plane * OH * OW
+def _pool_plane(xf, xo, bias, H, W, kh, kw, sh, sw, yf, jf, yo, OH, OW):
+    """Max pool of one H x W plane of x + bias (x the flat xf from offset xo) into OH x OW outputs of yf
+    from offset yo, with the flat index ih*W + iw of each window's first maximum in jf (a NaN wins and
+    stays). Branch-free for finite windows (the max, then the first index equal to it by integer
+    arithmetic): data-dependent branches made it 10x slower. 2x2 and 1x2 windows at their own stride
+    (the Cnn's pools) are unrolled. bias = -0.0 leaves every value as it is."""
+    if kw == 2 and sw == 2 and sh == kh and kh <= 2:
+        down = W if kh == 2 else 0             # 1x2: the "second row" is the first again, never chosen
         for oh in range(OH):
             for ow in range(OW):
                 k = kh * oh * W + 2 * ow
-                a = xf[_U(xo + k)]
-                b = xf[_U(xo + k + 1)]
-                c = xf[_U(xo + k + down)]
-                d = xf[_U(xo + k + down + 1)]
+                a = xf[_U(xo + k)] + bias
+                b = xf[_U(xo + k + 1)] + bias
+                c = xf[_U(xo + k + down)] + bias
+                d = xf[_U(xo + k + down + 1)] + bias
                 if (a + b + c + d) * _ZERO != _ZERO:       # a NaN or an infinity in the window
-                    m, at = _window_scan(xf, xo, k, kh, 2, W)
+                    m, at = _window_scan(xf, xo, k, kh, 2, W, bias)
                 else:
                     m = max(max(a, b), max(c, d))
                     ia, ib, ic = np.int64(a == m), np.int64(b == m), np.int64(c == m)
                     at = k + (1 - ia) * (ib + (1 - ib) * (ic * down + (1 - ic) * (down + 1)))
                 yf[_U(yo + oh * OW + ow)] = m
                 jf[_U(yo + oh * OW + ow)] = at
+        return
+    for oh in range(OH):
+        for ow in range(OW):
+            corner = oh * sh * W + ow * sw
+            m = xf[_U(xo + corner)] + bias
+            bad = _ZERO
+            for i in range(kh):
+                for j in range(kw):
+                    v = xf[_U(xo + corner + i * W + j)] + bias
+                    m = max(m, v)
+                    bad += v * _ZERO               # NaN when the window holds a NaN or an inf
+            if bad != bad:
+                m, at = _window_scan(xf, xo, corner, kh, kw, W, bias)
+            else:
+                at = corner
+                for i in range(kh - 1, -1, -1):
+                    for j in range(kw - 1, -1, -1):
+                        k = corner + i * W + j
+                        at += (k - at) * np.int64(xf[_U(xo + k)] + bias == m)
+            yf[_U(yo + oh * OW + ow)] = m
+            jf[_U(yo + oh * OW + ow)] = at
+
+
+_KEEP = np.float32(-0.0)     # x + (-0.0) == x for every float x, -0.0 included
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def maxpool_forward(x, kh, kw, sh, sw, y, idx):
     """y[b, c, oh, ow] = max of the kh x kw window of x (B, C, H, W) at (oh*sh, ow*sw); idx (int32,
     shape of y) gets the flat index ih*W + iw of the first maximum (a NaN wins and stays).
-    x, y, idx C-contiguous. Branch-free for finite windows (the max, then the first index equal to it
-    by integer arithmetic, last to first): data-dependent branches made it 10x slower."""
+    x, y, idx C-contiguous."""
     B, C, OH, OW = y.shape
     H, W = x.shape[2], x.shape[3]
     xf, yf, jf = x.reshape(-1), y.reshape(-1), idx.reshape(-1)
-    if kw == 2 and sw == 2 and sh == kh and kh <= 2:
-        _pool_by_2(xf, kh, H, W, yf, jf, B * C, OH, OW)
-        return
     for plane in range(B * C):
-        xo = plane * H * W
-        yo = plane * OH * OW
-        for oh in range(OH):
-            for ow in range(OW):
-                corner = oh * sh * W + ow * sw
-                m = xf[_U(xo + corner)]
-                bad = _ZERO
-                for i in range(kh):
-                    for j in range(kw):
-                        v = xf[_U(xo + corner + i * W + j)]
-                        m = max(m, v)
-                        bad += v * _ZERO               # NaN when the window holds a NaN or an inf
-                if bad != bad:
-                    m, at = _window_scan(xf, xo, corner, kh, kw, W)
-                else:
-                    at = corner
-                    for i in range(kh - 1, -1, -1):
-                        for j in range(kw - 1, -1, -1):
-                            k = corner + i * W + j
-                            at += (k - at) * np.int64(xf[_U(xo + k)] == m)
-                yf[_U(yo + oh * OW + ow)] = m
-                jf[_U(yo + oh * OW + ow)] = at
+        _pool_plane(xf, plane * H * W, _KEEP, H, W, kh, kw, sh, sw, yf, jf, plane * OH * OW, OH, OW)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def bias_act_pool(z, bias, act, kh, kw, H, W, b_lo, b_hi, y, idx):
+    """y[b, o] = the kh x kw max pool (stride = window) of act(z[o, b*P:(b+1)*P] + bias[o]) seen as an
+    H x W plane (P = H*W), for images b_lo <= b < b_hi, and idx its argmax as :func:`maxpool_forward`'s;
+    z (Cout, B*P), y and idx (B, Cout, OH, OW). act: RELU or IDENTITY, which commute with max: the
+    pool runs on z + bias and act on its outputs only. Where the window's maximum is <= 0 the ReLU's
+    index can differ from the pool of the activations', but the gradient it routes is 0 there."""
+    B, Co, OH, OW = y.shape
+    P = H * W
+    N = z.shape[1]
+    zf, yf, jf = z.reshape(-1), y.reshape(-1), idx.reshape(-1)
+    for b in range(b_lo, b_hi):
+        for o in range(Co):
+            yo = (b * Co + o) * OH * OW
+            _pool_plane(zf, o * N + b * P, bias[o], H, W, kh, kw, kh, kw, yf, jf, yo, OH, OW)
+            if act == RELU:
+                for k in range(yo, yo + OH * OW):
+                    v = yf[_U(k)]
+                    yf[_U(k)] = _ZERO if v < _ZERO else v
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_RED)
+def pool_to_cols(dy, idx, y, act, P, b_lo, b_hi, dz, db):
+    """The backward of :func:`bias_act_pool` for images b_lo <= b < b_hi: dz[o, b*P:(b+1)*P] = 0 but
+    dz[o, b*P + idx[b, o, q]] = dy[b, o, q] * act'(y[b, o, q]) (windows do not overlap), and db[o] =
+    the sum of those; dy, idx, y (B, Cout, OH, OW) (y the pooled activation), dz (Cout, B*P), db (Cout,)."""
+    B, Co, OH, OW = dy.shape
+    Q = OH * OW
+    N = dz.shape[1]
+    gf, jf, yf, zf = dy.reshape(-1), idx.reshape(-1), y.reshape(-1), dz.reshape(-1)
+    for o in range(Co):
+        acc = _ZERO
+        for b in range(b_lo, b_hi):
+            base = o * N + b * P
+            for k in range(base, base + P):
+                zf[_U(k)] = _ZERO
+            src = (b * Co + o) * Q
+            s = _ZERO
+            for q in range(src, src + Q):
+                d = gf[_U(q)]
+                if act == RELU and not yf[_U(q)] > _ZERO:
+                    d = _ZERO
+                zf[_U(base + jf[_U(q)])] = d
+                s += d
+            acc += s
+        db[o] = acc
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

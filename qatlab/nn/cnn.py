@@ -23,9 +23,10 @@ import numbers
 import numpy as np
 
 from .. import parallel
-from ..kernels.conv import maxpool_backward, maxpool_forward
-from ..kernels.dense import ACT_CODES, IDENTITY, act_backward_inplace, bias_act_inplace
-from .layers import ConvGeom, by_images, conv_backward, conv_forward, he_normal, pair, pool_size
+from ..kernels.conv import cols_to_nchw, maxpool_backward, maxpool_forward
+from ..kernels.dense import ACT_CODES, IDENTITY, RELU, act_backward_inplace, bias_act_inplace
+from .layers import (ConvGeom, by_images, conv_backward, conv_forward, grad_parts, he_normal, pair,
+                     pool_size)
 from .mlp import Gradients, QuantizedLayers, _check_choice, _layer, _readonly, _views
 
 
@@ -176,10 +177,16 @@ class Cnn(QuantizedLayers):
         R = scratch._conv_rows
         for l, (g, p, _) in enumerate(self._plan):
             w = self._weights_for(l, scratch)
+            fused = self._pool_fused(l)
+            out = s.pooled[l] if fused else s.act[l]
             for lo in range(0, B, R):   # one chunk unless the scratch is for evaluation only
                 c = scratch._at(min(R, B - lo))
-                conv_forward(g, a[lo:lo + R], w, self._b[l], self._act, c.cols[l], c.z[l], s.act[l][lo:lo + R])
-            a = s.act[l]
+                conv_forward(g, a[lo:lo + R], w, self._b[l], self._act, c.cols[l], c.z[l], out[lo:lo + R],
+                             p if fused else None, s.idx[l][lo:lo + R] if fused else None)
+            scratch._fused[l] = fused
+            a = out
+            if fused:
+                continue
             aq = self._aq[l]
             if aq is not None:
                 aq.forward(a, s.actq[l])
@@ -208,6 +215,11 @@ class Cnn(QuantizedLayers):
         scratch._x_in = x_in
         self._last_batch = B
         return s.h[-1]
+
+    def _pool_fused(self, l: int) -> bool:
+        """Whether conv layer l's activation and max pool run fused (:func:`~qatlab.kernels.conv.bias_act_pool`):
+        a pool, no activation quantizer between, and an activation that commutes with max."""
+        return self._plan[l][1] != (1, 1) and self._aq[l] is None and self._act in (RELU, IDENTITY)
 
     def _weights_for(self, i, scratch) -> np.ndarray:
         q = self._wq[i]
@@ -254,18 +266,23 @@ class Cnn(QuantizedLayers):
         for l in range(nc - 1, -1, -1):
             g, p, _ = self._plan[l]
             d = gb.g_out[l]                               # dL/d(layer l's output after its pool)
-            if s.idx[l] is not None:
-                idx, dx_pool = s.idx[l], gb.g_act[l]
-                by_images(lambda lo, hi: maxpool_backward(d[lo:hi], idx[lo:hi], dx_pool[lo:hi]), B, dx_pool.size)
-                d = gb.g_act[l]
-            aq = self._aq[l]
-            if aq is not None:
-                aq.backward(d, s.act[l], d)
             dx = gb.g_out[l - 1] if l > 0 else (gb.d_input4 if need_input_grad else None)
             # dz goes where the forward's product was, dcols where its im2col matrix was (read for
             # dW just before): 40% less memory touched than separate buffers
-            conv_backward(g, d, s.act[l], self._act, s.cols[l], scratch._w_used[l], s.z[l], grads._dw[l],
-                          grads._db[l], s.cols[l] if dx is not None else None, dx)
+            args = (s.cols[l], scratch._w_used[l], s.z[l], scratch._parts[l], grads._dw[l], grads._db[l],
+                    s.cols[l] if dx is not None else None, dx)
+            if scratch._fused[l]:
+                conv_backward(g, d, s.pooled[l], self._act, *args, idx=s.idx[l])
+            else:
+                if s.idx[l] is not None:
+                    idx, dx_pool = s.idx[l], gb.g_act[l]
+                    by_images(lambda lo, hi: maxpool_backward(d[lo:hi], idx[lo:hi], dx_pool[lo:hi]), B,
+                              dx_pool.size)
+                    d = gb.g_act[l]
+                aq = self._aq[l]
+                if aq is not None:
+                    aq.backward(d, s.act[l], d)
+                conv_backward(g, d, s.act[l], self._act, *args)
             self._weight_ste(l, grads)
         scratch._spent = True
         grads._input_batch = B if need_input_grad else 0
@@ -331,6 +348,8 @@ class CnnScratch:
         self._hq = [np.empty((cap, n), np.float32) for n in model.dense_sizes[1:-1]]
         self._wq = [np.empty(shape, np.float32) for shape in model._matrix_shapes()]
         self._w_used = [None] * model.num_layers
+        self._parts = [grad_parts(g, cap) for g, _, _ in model._plan] if backward else None
+        self._fused = [False] * model.n_conv   # conv layer l's last forward pooled fused (act map not written)
         self._x_in = None
         self._spent = False     # backward ran since the last forward (it overwrote cols and z)
         self._views = {}
@@ -362,8 +381,19 @@ class CnnScratch:
         return self._w_used[_layer(i, len(self._w_used))]
 
     def conv_output(self, l: int) -> np.ndarray:
-        """Conv layer l's activation output (batch, Cout, OH, OW) (before its quantizer and pool)."""
-        return self._at(self.batch).act[_layer(l, len(self._act))]
+        """Conv layer l's activation output (batch, Cout, OH, OW) (before its quantizer and pool).
+        A fused pool does not write it: it is then made here from the product the forward kept
+        (ValueError after the backward, which reuses that buffer)."""
+        l = _layer(l, len(self._act))
+        r = self._at(self.batch)
+        if self._fused[l]:
+            if self._spent or self._conv_rows < self.batch:
+                raise ValueError(f"l: conv layer {l}'s activations are not kept (fused with its pool); "
+                                 "read them after a forward on a training scratch, before backward")
+            g = self._model._plan[l][0]
+            cols_to_nchw(r.z[l], self._model.biases(l), self._model._act, 0, self.batch,
+                         r.act[l].reshape(self.batch, g.c_out, g.p))
+        return r.act[l]
 
 
 class CnnGradients(Gradients):

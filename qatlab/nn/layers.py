@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import parallel
-from ..kernels.conv import col2im, cols_to_nchw, im2col, maxpool_backward, maxpool_forward, nchw_to_cols
+from ..kernels.conv import (bias_act_pool, col2im, cols_to_nchw, im2col, maxpool_backward, maxpool_forward,
+                            nchw_to_cols, pool_to_cols)
 from ..kernels.dense import IDENTITY, bias_grad
 
 
@@ -54,15 +56,14 @@ def _f32(name: str, x, ndim: int) -> np.ndarray:
     return x
 
 
-#: A convolution's product of at least this many multiply-adds is split in :data:`GEMM_PARTS` column
-#: blocks (the thread hand-off, ~23 us, is under a tenth of such a product; the first LeNet conv's
-#: 14.7M qualifies).
+#: A product of at least this many multiply-adds is split in :data:`GEMM_PARTS` column blocks
+#: (the thread hand-off, ~23 us, is under a tenth of such a product).
 MIN_SPLIT_MACS = 1 << 22
 #: Column blocks of a split product: fixed, not the core count, because BLAS computes a block's
 #: columns in the last bits differently from the whole product's; one core runs them one by one.
 GEMM_PARTS = 2
-#: A product with fewer columns than this stays whole (the conv weight gradient dz @ cols.T: 25
-#: columns, 36864 inner): two OpenBLAS calls of that shape at once took 1.2 ms, one whole 0.67 ms.
+#: A product with fewer columns than this stays whole (two OpenBLAS calls of a 25-column, 36864-inner
+#: product at once took 1.2 ms, one whole 0.67 ms).
 MIN_BLOCK_COLUMNS = 64
 
 
@@ -85,6 +86,41 @@ def by_images(fn, n_images: int, n_elements: int) -> None:
         parallel.split_rows(fn, n_images, parallel.cores())
     else:
         fn(0, n_images)
+
+
+#: A convolution works on chunks of this many images: each chunk's im2col, products, activation and
+#: pool run together on one core (its data stay in that core's cache), the cores take chunks as they
+#: get free, and weight gradients are summed over chunks in chunk order, so the bits depend on the
+#: batch size only, never on the core count or on which core ran what.
+CHUNK_IMAGES = 16
+
+
+def n_chunks(n_images: int) -> int:
+    return -(-n_images // CHUNK_IMAGES)
+
+
+def by_chunks(fn, n_images: int, n_elements: int) -> None:
+    """``fn(lo, hi)`` for each chunk of :data:`CHUNK_IMAGES` images; the cores take chunks from a
+    shared queue when there are several and the work (``n_elements`` touched) is large, so a core
+    slowed by other work takes fewer. Chunks write disjoint outputs."""
+    n = n_chunks(n_images)
+    if n < 2 or parallel.cores() < 2 or n_elements < parallel.MIN_ELEMENTS:
+        for k in range(n):
+            fn(k * CHUNK_IMAGES, min((k + 1) * CHUNK_IMAGES, n_images))
+        return
+    queue = iter(range(n))
+    taking = threading.Lock()
+
+    def worker(_lo, _hi):
+        while True:
+            with taking:
+                k = next(queue, None)
+            if k is None:
+                return
+            fn(k * CHUNK_IMAGES, min((k + 1) * CHUNK_IMAGES, n_images))
+
+    workers = min(parallel.cores(), n)
+    parallel.split_rows(worker, workers, workers)
 
 
 @dataclass(frozen=True)
@@ -127,24 +163,56 @@ class ConvGeom:
         return self
 
 
-def conv_forward(g: ConvGeom, x, w2, bias, act: int, cols, z, y) -> None:
-    """y (B, Cout, OH, OW) = act(conv(x) + bias) for x (B, C, H, W); w2 (Cout, ck); scratch cols
-    (ck, B*p) and z (Cout, B*p) (kept for the backward)."""
+def conv_forward(g: ConvGeom, x, w2, bias, act: int, cols, z, y, pool=None, idx=None) -> None:
+    """y = act(conv(x) + bias) (B, Cout, OH, OW) for x (B, C, H, W); w2 (Cout, ck); scratch cols
+    (ck, B*p) and z (Cout, B*p) (kept for the backward). With ``pool`` = (ph, pw) (act RELU or
+    IDENTITY), y is instead the max pool of that (stride = window) and idx its argmax
+    (:func:`~qatlab.kernels.conv.bias_act_pool`): the activation map is never written."""
     B, P = x.shape[0], g.p
-    by_images(lambda lo, hi: im2col(x, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, lo, hi, cols), B, cols.size)
-    gemm(w2, cols, z)
-    cols_to_nchw(z, bias, act, y.reshape(B, g.c_out, P))
+
+    def chunk(lo, hi):
+        im2col(x, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, lo, hi, cols)
+        np.matmul(w2, cols[:, lo * P:hi * P], out=z[:, lo * P:hi * P])
+        if pool is None:
+            cols_to_nchw(z, bias, act, lo, hi, y.reshape(B, g.c_out, P))
+        else:
+            bias_act_pool(z, bias, act, pool[0], pool[1], g.oh, g.ow, lo, hi, y, idx)
+
+    by_chunks(chunk, B, cols.size)
 
 
-def conv_backward(g: ConvGeom, dy, y, act: int, cols, w2, dz, dw2, db, dcols=None, dx=None) -> None:
+def grad_parts(g: ConvGeom, n_images: int) -> tuple[np.ndarray, np.ndarray]:
+    """Buffers of per-chunk weight and bias gradients of a convolution over up to n_images images."""
+    n = n_chunks(n_images)
+    return np.empty((n, g.c_out, g.ck), np.float32), np.empty((n, g.c_out), np.float32)
+
+
+def conv_backward(g: ConvGeom, dy, y, act: int, cols, w2, dz, parts, dw2, db, dcols=None, dx=None,
+                  idx=None) -> None:
     """From dy = dL/dy (B, Cout, OH, OW) and the forward's y and cols: dw2 (Cout, ck), db (Cout,) and,
-    when dx (B, C, H, W) is given, dx (through dcols (ck, B*p)). dz (Cout, B*p) is scratch."""
-    B = dy.shape[0]
-    nchw_to_cols(dy.reshape(B, g.c_out, g.p), y.reshape(B, g.c_out, g.p), act, dz, db)
-    gemm(dz, cols.T, dw2)
-    if dx is not None:
-        gemm(w2.T, dz, dcols)
-        by_images(lambda lo, hi: col2im(dcols, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, lo, hi, dx), B, dcols.size)
+    when dx (B, C, H, W) is given, dx (through dcols (ck, B*p)). With ``idx`` (a pooled forward),
+    dy and y are those of the pooled output. dz (Cout, B*p) is scratch; ``parts``
+    (:func:`grad_parts`) hold each chunk's gradients, summed in chunk order."""
+    B, P = dy.shape[0], g.p
+    dw_parts, db_parts = parts
+
+    def chunk(lo, hi):
+        k = lo // CHUNK_IMAGES
+        if idx is None:
+            nchw_to_cols(dy.reshape(B, g.c_out, P), y.reshape(B, g.c_out, P), act, lo, hi, dz, db_parts[k])
+        else:
+            pool_to_cols(dy, idx, y, act, P, lo, hi, dz, db_parts[k])
+        np.matmul(dz[:, lo * P:hi * P], cols[:, lo * P:hi * P].T, out=dw_parts[k])
+        if dx is not None:
+            np.matmul(w2.T, dz[:, lo * P:hi * P], out=dcols[:, lo * P:hi * P])
+            col2im(dcols, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, lo, hi, dx)
+
+    by_chunks(chunk, B, cols.size)
+    dw2[:] = dw_parts[0]
+    db[:] = db_parts[0]
+    for k in range(1, n_chunks(B)):
+        dw2 += dw_parts[k]
+        db += db_parts[k]
 
 
 def pool_size(size: int, k: int, s: int) -> int:
@@ -186,7 +254,7 @@ class Conv2d:
             self._g = g
             self._bufs = (shape, np.empty((g.ck, n), np.float32), np.empty((g.c_out, n), np.float32),
                           np.empty((B, g.c_out, g.oh, g.ow), np.float32), np.empty((g.ck, n), np.float32),
-                          np.empty((B, C, H, W), np.float32))
+                          np.empty((B, C, H, W), np.float32), grad_parts(g, B))
         return self._bufs
 
     def forward(self, x) -> np.ndarray:
@@ -194,7 +262,7 @@ class Conv2d:
         x = _f32("x", x, 4)
         if x.shape[1] != self.in_channels or x.shape[0] < 1:
             raise ValueError(f"x: expected shape (batch >= 1, {self.in_channels}, H, W), got {x.shape}")
-        _, cols, z, y, _, _ = self._buffers(x.shape)
+        _, cols, z, y, _, _, _ = self._buffers(x.shape)
         conv_forward(self._g, x, self._w, self._b, IDENTITY, cols, z, y)
         self._last = x.shape
         return y
@@ -203,11 +271,11 @@ class Conv2d:
         """dx (B, in_channels, H, W) from dy = dL/dy of the last forward; sets grad_weight/grad_bias."""
         if self._last is None:
             raise ValueError("dy: call forward(x) before backward(dy)")
-        _, cols, z, y, dcols, dx = self._bufs
+        _, cols, z, y, dcols, dx, parts = self._bufs
         dy = _f32("dy", dy, 4)
         if dy.shape != y.shape:
             raise ValueError(f"dy: expected shape {y.shape} (the last output), got {dy.shape}")
-        conv_backward(self._g, dy, y, IDENTITY, cols, self._w, z, self._gw, self.grad_bias, dcols, dx)
+        conv_backward(self._g, dy, y, IDENTITY, cols, self._w, z, parts, self._gw, self.grad_bias, dcols, dx)
         return dx
 
     def __repr__(self) -> str:
