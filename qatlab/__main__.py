@@ -1,7 +1,8 @@
 """``python -m qatlab run CONFIG.json`` trains a config into the run store; ``python -m qatlab runs`` lists it.
 
-Training happens in this process (the Dask executor is not built yet). Rows reach the store at
-least once a second, so a run killed midway keeps its rows and is listed ``interrupted``.
+``run`` trains in this process, or on a Dask cluster with ``--scheduler ADDR`` (``ql.RemoteRun``).
+Rows reach the store at least once a second, so a run killed midway keeps its rows and is listed
+``interrupted``.
 """
 from __future__ import annotations
 
@@ -30,12 +31,15 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     store_help = "run store file (default: $QATLAB_STORE, else ~/.local/share/qatlab/runs.sqlite)"
-    run = sub.add_parser("run", help="train CONFIG.json in this process and keep it in the store",
+    run = sub.add_parser("run", help="train CONFIG.json and keep it in the store",
                          description="Train an ExperimentConfig given as JSON (ExperimentConfig.to_dict() form; "
-                                     "fields left out keep their defaults) in this process -- no Dask executor "
-                                     "yet -- with a progress bar on stderr. Rows and the result go to the store.")
+                                     "fields left out keep their defaults) in this process, or on the Dask "
+                                     "cluster at --scheduler, with a progress bar on stderr. Rows and the result "
+                                     "go to the store.")
     run.add_argument("config", metavar="CONFIG.json", help="the experiment config as JSON")
     run.add_argument("--store", metavar="PATH", help=store_help)
+    run.add_argument("--scheduler", metavar="ADDR", help="train on this Dask scheduler's workers, e.g. "
+                                                          "tcp://host:8786 (default: in this process)")
     run.add_argument("--name", help="the run's name (default: the config file's name)")
     run.add_argument("--notes", default="", help="free text kept with the run")
     runs = sub.add_parser("runs", help="list the runs in the store")
@@ -129,6 +133,8 @@ def cmd_run(args) -> int:
     cfg = load_config(args.config)
     store = _open_store(args.store)
     name = args.name or os.path.splitext(os.path.basename(args.config))[0]
+    if args.scheduler is not None:
+        return _run_remote(cfg, store, name, args.notes, args.scheduler)
     run_id = store.create_run(cfg, name=name, notes=args.notes)
     print(f"run {run_id} ({name}) -> {store.path}", file=sys.stderr)
     log, stop, ended, state, unsent = _tap_log(), threading.Event(), threading.Event(), {"done": 0, "total": 0}, []
@@ -179,6 +185,35 @@ def cmd_run(args) -> int:
     if result.status == "finished":
         return 0
     return EXIT_INTERRUPTED if stop.is_set() else EXIT_FAILED
+
+
+def _run_remote(cfg, store, name: str, notes: str, address: str) -> int:
+    """``run --scheduler``: one RemoteRun on that cluster; Ctrl-C stops it after its current step."""
+    from .executor import RemoteRun, connect
+    try:
+        client = connect(address)
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"--scheduler: {' '.join(str(exc).split())}") from None
+    run = RemoteRun(cfg, name=name, store=store, client=client).start()
+    if notes:
+        store.set_notes(run.id, notes)
+    print(f"run {run.id} ({name}) on {address} -> {store.path}", file=sys.stderr)
+    progress, stopping = _Progress(), False
+    while not run.join(0.1):
+        try:
+            progress.draw(run.steps_done, run.total_steps, run.log.last("loss"))
+        except KeyboardInterrupt:
+            if not stopping:
+                stopping = True
+                run.stop()
+                print("\nstopping (Ctrl-C) ...", file=sys.stderr)
+    progress.draw(run.steps_done, run.total_steps, run.log.last("loss"), final=True)
+    acc = run.result().final.get("test_accuracy", math.nan) if run.result() else math.nan
+    print(f"run {run.id[:8]} {run.status} on {run.worker}: test accuracy {acc:.4f}"
+          f"{'; ' + run.message if run.message else ''}", file=sys.stderr)
+    if run.status == "finished":
+        return 0
+    return EXIT_INTERRUPTED if stopping else EXIT_FAILED
 
 
 def _flush(store, run_id: str, log, unsent: list) -> None:

@@ -87,15 +87,19 @@ _thread: threading.Thread | None = None
 
 #: Phase runs reach some kernels only after a few FULL/predict cycles (digits: 23 steps an epoch).
 PHASE_EPOCHS = 6
+#: Image datasets whose CNN runs warm up on mnist1d instead (1-channel signals: the same compiled kernels).
+IMAGE_SETS = ("mnist", "fashion_mnist")
 
 
 def _tiny(config: ExperimentConfig) -> ExperimentConfig:
     """``config`` trained for one epoch, phase runs for a few cycles (synthetic data capped at 400
-    samples): the same kernels and argument types, a fraction of the time."""
+    samples, image CNNs on mnist1d): the same kernels and argument types, a fraction of the time."""
     if not isinstance(config, ExperimentConfig):
         raise TypeError(f"configs: expected (label, ExperimentConfig) pairs, got {type(config).__name__}")
     cfg = config.copy()
     cfg.optim.epochs = PHASE_EPOCHS if cfg.phase.enabled else 1
+    if cfg.model.architecture == "cnn" and cfg.data.dataset in IMAGE_SETS:
+        cfg.data.dataset = "mnist1d"     # the same kernels (dtypes and ranks) on 40 values, not 784, an image
     if cfg.data.dataset == "synthetic":
         cfg.data.n_samples = min(cfg.data.n_samples, 400)
     cfg.validate()

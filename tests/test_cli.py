@@ -71,10 +71,11 @@ def test_runs_lists_the_store(tmp_path, capsys):
     assert len(capsys.readouterr().out.splitlines()) == 2
 
 
-def test_help_says_runs_are_in_process(capsys):
+def test_help_says_where_runs_train(capsys):
     with pytest.raises(SystemExit):
         main(["run", "--help"])
-    assert "no Dask executor" in " ".join(capsys.readouterr().out.split())
+    text = " ".join(capsys.readouterr().out.split())
+    assert "in this process, or on the Dask cluster at --scheduler" in text and "--scheduler ADDR" in text
 
 
 @pytest.mark.slow

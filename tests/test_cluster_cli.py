@@ -90,3 +90,30 @@ def test_run_on_a_cluster_started_from_the_command_line(cli_cluster, tmp_path, m
             assert np.array_equal(got[key], column, equal_nan=True), key
     assert store.get(run.id).worker == run.worker
     store.close()
+
+
+@pytest.mark.slow
+def test_the_cli_runs_a_config_on_that_cluster(cli_cluster, tmp_path):
+    cfg = ql.ExperimentConfig()
+    cfg.optim.epochs = 3
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg.to_dict()))
+    path = tmp_path / "runs.sqlite"
+    done = subprocess.run([sys.executable, "-m", "qatlab", "run", str(tmp_path / "cfg.json"), "--store", str(path),
+                           "--scheduler", cli_cluster, "--notes", "from the CLI"],
+                          capture_output=True, text=True, timeout=JOIN)
+    assert done.returncode == 0, done.stderr
+    store = ql.RunStore(path)
+    (record,) = store.runs()
+    assert record.status == "finished" and record.notes == "from the CLI" and record.name == "cfg"
+    assert record.worker and record.worker in done.stderr and f"run {record.id[:8]} finished" in done.stderr
+    ref = ql.run_experiment(cfg)
+    assert np.array_equal(store.history(record.id)["loss"], ref.history["loss"], equal_nan=True)
+    store.close()
+
+
+def test_the_cli_refuses_a_bad_scheduler_address(tmp_path):
+    cfg_path = tmp_path / "cfg.json"
+    cfg_path.write_text(json.dumps(ql.ExperimentConfig().to_dict()))
+    done = subprocess.run([sys.executable, "-m", "qatlab", "run", str(cfg_path), "--store", str(tmp_path / "r.sqlite"),
+                           "--scheduler", "not an address"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("error: --scheduler:"), done.stderr
