@@ -17,9 +17,18 @@ in a temporary store. Reported per cluster, from its repeat with the shortest wa
 * **submit -> start**: median time from ``RemoteRun`` submission to the run's start stamp in the
   store (the worker's start message, written by the client within its 0.1 s monitor tick).
 
+Every worker first trains one short run of each STE kind (its kernels compiled or loaded from
+Numba's cache: not counted as overhead), then a 2-run warm-up sweep goes through each cluster.
+
 Bit-identity: the history of one point (identity STE, seed 0) from each cluster is compared with
 ``ql.run_experiment`` of the same config in this process, every column but ``time`` and
 ``steps_per_second``. ``--sizes N`` sets the epochs of each run (default 60).
+
+The Sweeps tab with 200 runs (:mod:`qatlab.ui.sweep_bench`): a temporary store holds 200 finished
+runs of one sweep (synthetic metric values); the tab's view, rendered into a Bokeh Document, reads
+them and then applies selections the three ways a page makes them (ticking table rows, tapping a
+line, tapping a heatmap cell); reported: the slowest selection (goal < 0.5 s) and the growth of
+the process's resident memory over 300 refreshes with metric switches and selections (goal < 5 MB).
 """
 from __future__ import annotations
 
@@ -39,6 +48,9 @@ WORKERS = (1, 2)
 TIME_COLUMNS = ("time", "steps_per_second")
 GOAL_SPEEDUP = 1.7
 GOAL_OVERHEAD_MS = 50.0
+VIEW_RUNS = 200
+GOAL_SELECT_S = 0.5
+GOAL_RSS_GROWTH_MB = 5.0
 
 COLUMNS = [Column("workers", "workers"), Column("runs", "runs"), Column("wall_s", "wall s", "{:.2f}"),
            Column("train_s", "sum train s", "{:.2f}"), Column("slowdown", "run slowdown", "{:.2f}x"),
@@ -56,6 +68,23 @@ def base_config(epochs: int):
     return cfg
 
 
+VIEW_COLUMNS = [Column("runs", "runs"), Column("load_s", "read + first draw s", "{:.2f}"),
+                Column("table_median_ms", "tick rows ms (median)", "{:.1f}"),
+                Column("chart_median_ms", "tap line ms (median)", "{:.1f}"),
+                Column("heatmap_median_ms", "tap cell ms (median)", "{:.1f}"),
+                Column("worst_ms", "slowest selection ms", "{:.1f}"),
+                Column("rss_growth_mb", "RSS growth MB (300 refreshes)", "{:.2f}")]
+
+
+def warm_kinds() -> None:
+    """On a worker: one short run of each STE kind, so no kernel is compiled during a measured sweep."""
+    from .runs import run_experiment
+    for kind in KINDS:
+        cfg = base_config(1)
+        cfg.quant.ste = kind
+        run_experiment(cfg)
+
+
 def _cluster(n: int):
     from distributed import Client
 
@@ -64,7 +93,18 @@ def _cluster(n: int):
     client = Client(cluster, set_as_default=False, timeout="60s")
     client.register_plugin(WarmWorker(warm=True))
     client.wait_for_workers(n, timeout=120)
+    for address in client.nthreads():
+        client.submit(warm_kinds, workers=[address], allow_other_workers=False, pure=False).result()
     return cluster, client
+
+
+def view_part() -> dict:
+    """The Sweeps tab's view over a temporary store of VIEW_RUNS finished runs (see the module doc)."""
+    from .store import RunStore
+    from .ui.sweep_bench import fill_store, measure_view
+    with tempfile.TemporaryDirectory(prefix="qatlab-bench-sweep-view-") as tmp:
+        with RunStore(Path(tmp) / "runs.sqlite") as store:
+            return measure_view(store, fill_store(store, VIEW_RUNS))
 
 
 def one_sweep(name: str, epochs: int, store, client, runs_grid=KINDS, seeds=SEEDS) -> dict:
@@ -137,6 +177,7 @@ def run(opts: BenchOptions) -> SuiteResult:
             client.close(timeout=30)
             cluster.close(timeout=30)
         tmp.cleanup()
+    view = view_part()
     speedup = rows[1]["wall_s"] / rows[2]["wall_s"]
     for n in WORKERS:
         rows[n]["slowdown"] = rows[n]["train_s"] / rows[1]["train_s"]
@@ -148,13 +189,21 @@ def run(opts: BenchOptions) -> SuiteResult:
                   f"< {GOAL_OVERHEAD_MS:.0f} ms"),
              Goal("history bit-identical to ql.run_experiment (time columns aside)",
                   all(r["identical"] == "yes" for r in rows.values()),
-                  "; ".join(f"{n} worker(s): {r['identical']}" for n, r in rows.items()), "both clusters")]
+                  "; ".join(f"{n} worker(s): {r['identical']}" for n, r in rows.items()), "both clusters"),
+             Goal(f"Sweeps tab, {VIEW_RUNS} runs: slowest selection applied", view["worst_ms"] < 1e3 * GOAL_SELECT_S,
+                  f"{view['worst_ms']:.0f} ms", f"< {GOAL_SELECT_S} s"),
+             Goal(f"Sweeps tab, {VIEW_RUNS} runs: server memory flat over 300 refreshes",
+                  view["rss_growth_mb"] < GOAL_RSS_GROWTH_MB, f"{view['rss_growth_mb']:+.2f} MB",
+                  f"< {GOAL_RSS_GROWTH_MB:.0f} MB")]
     notes = [f"sweep: quant.ste x {len(KINDS)} kinds x seeds {list(SEEDS)} = {len(KINDS) * len(SEEDS)} runs of digits, "
              f"MLP 64-256-10, ternary weights, Adam, {epochs} epochs; {repeats} repeat(s) per cluster, interleaved; "
              "each cluster's row is its repeat with the shortest wall",
              "overhead/run = (wall - sum of the runs' training-loop seconds / workers) / (runs / workers)",
              "submit->start = median over runs of (store's start stamp - RemoteRun submission); the stamp is "
-             "written within the client's 0.1 s monitor tick of the worker's start message"]
+             "written within the client's 0.1 s monitor tick of the worker's start message",
+             f"Sweeps tab: {VIEW_RUNS} stored runs (synthetic metrics, 60 rows each); a selection's time is the "
+             "server's: the table, both charts' sources and the config diff updated in a Bokeh Document"]
     return SuiteResult(tables=[Table(f"sweep of {len(KINDS) * len(SEEDS)} runs on 1 vs 2 single-threaded "
-                                     "workers (LocalCluster)", COLUMNS, list(rows.values()))],
+                                     "workers (LocalCluster)", COLUMNS, list(rows.values())),
+                               Table(f"Sweeps tab with {VIEW_RUNS} finished runs (server side)", VIEW_COLUMNS, [view])],
                        goals=goals, notes=notes, extra={"epochs": epochs, "repeats": repeats})

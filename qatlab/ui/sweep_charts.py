@@ -155,9 +155,20 @@ def parallel_figure(source: ColumnDataSource, ticks: ColumnDataSource, names: li
     fig.select_one(BoxSelectTool).renderers = [points]
     fig.add_tools(HoverTool(renderers=[lines, points], tooltips=[("run", "@name"), ("point", "@label"),
                                                                   ("status", "@status"), ("metric", "@value")]))
-    fig.add_layout(ColorBar(color_mapper=mapper, width=10, title=names[-1]), "right")
+    fig.add_layout(ColorBar(color_mapper=mapper, width=10, title=names[-1], name="sweep-parallel-colorbar"), "right")
     F.style_text(fig)
     return fig
+
+
+def label_metric(parallel, heatmap, names: list[str]) -> None:
+    """Retitle both figures for the metric ``names[-1]`` (the figures stay: no new models)."""
+    metric = names[-1]
+    parallel.title.text = f"Runs across the axes (colour: {metric})"
+    parallel.xaxis.major_label_overrides = {i: name for i, name in enumerate(names)}
+    parallel.select_one({"name": "sweep-parallel-colorbar"}).title = metric
+    heatmap.title.text = f"Mean {metric} (hover: spread over seeds)"
+    hover = heatmap.select_one(HoverTool)
+    hover.tooltips = [(f"mean {metric}", t[1]) if t[0].startswith("mean ") else t for t in hover.tooltips]
 
 
 def heat_cells(rows: list[dict], x_axis: str, y_axis: str, metric: str) -> tuple[dict, list[list[int]], list, list]:

@@ -31,6 +31,7 @@ from bokeh.models import ColumnDataSource
 from bokeh.plotting import figure
 
 from ..sweep import Sweep, SweepResult, config_diff
+from ..sweep.runner import EndedRun
 from . import figures as F
 from . import sweep_charts as C
 from .base import LiveView, Throttle, bokeh_pane
@@ -54,7 +55,11 @@ def handle_rows(handle) -> list[dict]:
             continue
         point = dict(run.point or {})
         seed = point.pop("seed", None)
-        final = dict(getattr(run, "final", {}) or {})
+        if isinstance(run, EndedRun):
+            final = dict(run.final)
+        else:                     # a RemoteRun: its final metrics once its result arrived
+            result = run.result()
+            final = dict(result.final) if result is not None else {}
         rows.append({**point, "seed": seed, **final, "status": run.status, "message": run.message or "",
                      "seconds": final.get("seconds"), "run_id": run.id, "name": run.name, "worker": run.worker,
                      "progress": 1.0 if run.done else float(run.progress)})
@@ -102,9 +107,10 @@ class SweepView(LiveView):
         self.axes: list[str] = []
         self.selected: list[int] = []
         self.cell_members: list[list[int]] = []
-        self._key = None
+        self._key = self._data_key = None
         self._chart_key = None
         self._syncing = False
+        self._choosing = False                 # the choices are being set: one redraw after, not one each
         self._throttle = Throttle(REFRESH_SECONDS)
         self._lock = threading.Lock()
         self._launching = None                 # (sweep, thread) while connecting and submitting
@@ -151,7 +157,7 @@ class SweepView(LiveView):
         self.open_button.on_click(lambda _: self.open_runs())
         self.sweep_select.param.watch(lambda e: e.new and self.show_sweep(e.new), "value")
         for w in (self.metric_select, self.heat_x, self.heat_y):
-            w.param.watch(lambda _: self._redraw_charts(), "value")
+            w.param.watch(lambda _: self._choosing or self._redraw_charts(), "value")
 
     def _new_table(self, columns: list[str]) -> pn.widgets.Tabulator:
         table = pn.widgets.Tabulator(pd.DataFrame(columns=columns), css_classes=["qatlab-sweep-table"],
@@ -282,9 +288,10 @@ class SweepView(LiveView):
 
     def show_sweep(self, name: str) -> None:
         """Show the sweep ``name`` (this page's live one, or one read from the store in the background)."""
-        if name != self.shown:
-            self.shown = name
-            self._set_selection([])
+        if name == self.shown:
+            return
+        self.shown = name
+        self._set_selection([])
         self.refresh(force=True)
 
     def wait_loaded(self, timeout: float = 60.0) -> bool:
@@ -401,17 +408,22 @@ class SweepView(LiveView):
 
     def apply_rows(self, rows: list[dict]) -> None:
         """Show ``rows`` in the table, the charts and the summary (only what changed)."""
-        key = tuple((r["run_id"], r["status"], round(r.get("progress") or 0.0, 2)) for r in rows)
+        key = tuple((r["run_id"], r["status"], round(r.get("progress") or 0.0, 2), len(r)) for r in rows)
         if key == self._key:
             return
         self._key = key
+        self._data_key = tuple(k[:2] + k[3:] for k in key)     # what the charts draw: progress aside
         self.rows = rows
         axes = self._axes(rows)
         columns = FIXED_COLUMNS + [a for a in axes if a != "seed"] + self._metrics(rows) + TAIL_COLUMNS
         df = pd.DataFrame([{c: _cell(r.get(c)) for c in columns} for r in rows], columns=columns)
         self._update_table(df)
         self.axes = axes
-        self._update_choices(rows, axes)
+        self._choosing = True
+        try:
+            self._update_choices(rows, axes)
+        finally:
+            self._choosing = False
         self._redraw_charts()
 
     def _axes(self, rows: list[dict]) -> list[str]:
@@ -482,7 +494,7 @@ class SweepView(LiveView):
             return
         x_axis = self.heat_x.value if self.heat_x.value in axes else axes[0]
         y_axis = self.heat_y.value if self.heat_y.value in axes and self.heat_y.value != x_axis else C.NONE_AXIS
-        chart_key = (self._key, metric, x_axis, y_axis)
+        chart_key = (self._data_key, metric, x_axis, y_axis)
         if chart_key == self._chart_key:
             return
         self._chart_key = chart_key
@@ -496,12 +508,14 @@ class SweepView(LiveView):
             self.ticks.data = ticks
             self.heat_source.data = cells
             self.cell_members = members
-            shape = (tuple(axes), metric, x_axis, y_axis, tuple(xf), tuple(yf))
+            shape = (tuple(axes), x_axis, y_axis, tuple(xf), tuple(yf))
             if shape != self._chart_shape:     # new axes or factors: new figures on the same sources
                 self._chart_shape = shape
                 self.parallel = C.parallel_figure(self.source, self.ticks, axes + [metric], self.mapper)
                 self.heatmap = C.heat_figure(self.heat_source, xf, yf, self.heat_mapper, x_axis, y_axis, metric)
                 self.charts.objects = [bokeh_pane(self.parallel), bokeh_pane(self.heatmap)]
+            else:                              # another metric: the same figures, new labels
+                C.label_metric(self.parallel, self.heatmap, axes + [metric])
             self._apply_selection(self.selected, table=False)
         finally:
             self._syncing = False

@@ -10,6 +10,7 @@ import pytest
 
 import qatlab as ql
 from qatlab.runs import RunResult
+from qatlab.sweep.runner import EndedRun
 from qatlab.ui import sweep_charts as C
 from qatlab.ui.sweep_form import axes_text, parse_axes, parse_seeds, ste_grid
 from qatlab.ui.sweep_view import SweepView
@@ -214,6 +215,31 @@ def test_refreshing_a_finished_sweep_reads_the_store_once(store, monkeypatch):
     assert calls == [] and view.source.data is source_data    # nothing changed: nothing re-sent
 
 
+def test_many_runs_select_fast_and_refreshes_add_no_models(store):
+    from bokeh.document import Document
+
+    from qatlab.ui.sweep_bench import fill_store
+    name = fill_store(store, n=24, rows=5)
+    view = view_of(store)
+    doc = Document()
+    doc.add_root(view.__panel__().get_root(doc))
+    view.show_sweep(name)
+    assert view.wait_loaded(60) and len(view.table.value) == 24
+    for how in (lambda: setattr(view.table, "selection", [3, 17, 20]),
+                lambda: setattr(view.source.selected, "indices", [5]),
+                lambda: setattr(view.heat_source.selected, "indices", [2])):
+        start = time.perf_counter()
+        how()
+        assert time.perf_counter() - start < 0.5
+    models = len(doc.models)
+    metrics = list(view.metric_select.options)
+    for i in range(12):            # refreshes, metric switches and selections: the same Bokeh models, no new ones
+        view.refresh(force=True)
+        view.metric_select.value = metrics[i % len(metrics)]
+        view.select([i % 24, (7 * i) % 24])
+    assert len(doc.models) == models
+
+
 # ----------------------------------------------------------------------------- a live sweep
 
 
@@ -247,6 +273,7 @@ def test_a_live_ste_sweep_fills_the_table_and_only_its_page_stops_it(store, clie
     assert view.seeds_input.value == "0-1" and view.axes_input.value.startswith("quant.ste = identity")
     wait_for(lambda: view.refresh(force=True) or (view.handle is not None and view.handle.done), 300, "the sweep")
     view.refresh(force=True)
+    assert all(isinstance(r, EndedRun) for r in view.handle.runs)    # no rows or models kept per run
     df = view.table.value
     assert len(df) == 8 and set(df["status"]) == {"finished"}
     assert set(df["quant.ste"]) == {"identity", "clipped_identity", "tanh", "hard_tanh"}
