@@ -29,9 +29,11 @@ from qatlab.ui.config_panel import DEBOUNCE_S
 pytestmark = pytest.mark.browser
 
 SCREENSHOT = ROOT / "assets" / "screenshot.png"
-LONG_EPOCHS = 2000     # ~46k steps: still running while the test watches it stream
-SHORT_EPOCHS = 5       # ~115 steps: finishes in well under a second of training
-COMPARE_EPOCHS = 80    # 4 x ~1.8k steps: usually still running when the screenshot is taken
+# The page's default experiment is the ternary CNN on mnist (ql.dashboard_config(): 63 steps an epoch,
+# a row every 5 steps, ~0.7 s an epoch alone on this machine).
+LONG_EPOCHS = 2000     # still running while the test watches it stream
+SHORT_EPOCHS = 1       # finishes in about a second of training
+COMPARE_EPOCHS = 4     # 4 runs x ~50 rows: usually still running when the screenshot is taken
 DONE = ("finished", "stopped", "diverged", "failed")
 
 
@@ -290,6 +292,7 @@ def test_double_click_on_start_makes_one_run(dash, app_server):
 
 
 def test_uploaded_npz_trains_and_a_bad_file_shows_no_contents(dash, app_server, tmp_path):
+    dash.select("Architecture", "mlp")      # these files hold flat features: the default CNN cannot take them
     dash.select("Dataset", "file")
     wait_for(lambda: _start_enabled(dash, False), 10, "Start disabled while no file is chosen")
     files = dash.page.locator("input[type=file]")
@@ -332,8 +335,9 @@ def test_a_file_of_the_servers_data_directory_trains(dash, app_server):
     run = _one_new_run(app_server, before)
     assert run["status"] == "finished", run["message"]
     assert run["config"]["data"]["path"].endswith("served.npz")
-    dash.select("Dataset", "digits")
-    wait_for(lambda: _start_enabled(dash, True), 10, "Start enabled for digits")
+    dash.select("Dataset", "mnist")         # back to the page's default experiment
+    dash.select("Architecture", "cnn")
+    wait_for(lambda: _start_enabled(dash, True), 20, "Start enabled for the default CNN")
 
 
 def test_page_stayed_clean_and_local(dash, app_server):
