@@ -99,6 +99,37 @@ def test_conv_output_of_a_fused_relu_and_pool():
         s.conv_output(0)
 
 
+class _PassThrough:
+    """An activation quantizer that changes nothing: it only splits the Cnn's chunked conv stages."""
+
+    def forward(self, x, out):
+        out[...] = x
+        return out
+
+    def backward(self, grad, x, out):
+        out[...] = grad
+        return out
+
+
+@pytest.mark.parametrize("act", ["relu", "tanh"])
+@pytest.mark.parametrize("where", [0, 1])
+def test_conv_stages_split_at_activation_quantizers(act, where):
+    """A quantizer on one conv layer makes the batch meet there (stages of chunked layers before and
+    after); with a pass-through quantizer the results equal the unsplit (fused, for relu) model's."""
+    m = ql.Cnn((1, 16, 16), [4, 6], 5, kernel_size=3, pool=2, activation=act, seed=5)
+    x = RNG.standard_normal((37, 256)).astype(np.float32)        # three chunks, the last partial
+    labels = RNG.integers(0, 5, 37)
+    out, loss, dx, g = _step(m, x, labels)
+    aqs = [None] * (m.num_layers - 1)
+    aqs[where] = _PassThrough()
+    m.set_quantizers(None, aqs)
+    assert len(m._stages()) == 2 - where
+    out_q, loss_q, dx_q, g_q = _step(m, x, labels)
+    np.testing.assert_array_equal(out_q, out)
+    np.testing.assert_allclose(dx_q, dx, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(g_q.flat(), g.flat(), rtol=1e-5, atol=1e-6)
+
+
 def test_four_dimensional_input_and_activation_quantizers():
     m = ql.Cnn((1, 10, 10), [3], 4, hidden=[6], kernel_size=3, pool=2, seed=0)
     x = RNG.standard_normal((4, 1, 10, 10)).astype(np.float32)

@@ -25,8 +25,8 @@ import numpy as np
 from .. import parallel
 from ..kernels.conv import cols_to_nchw, maxpool_backward, maxpool_forward
 from ..kernels.dense import ACT_CODES, IDENTITY, RELU, act_backward_inplace, bias_act_inplace
-from .layers import (ConvGeom, by_images, conv_backward, conv_forward, grad_parts, he_normal, pair,
-                     pool_size)
+from .layers import (ConvGeom, by_chunks, by_images, conv_backward_chunk, conv_forward_chunk, grad_parts,
+                     he_normal, pair, pool_size, sum_parts)
 from .mlp import Gradients, QuantizedLayers, _check_choice, _layer, _readonly, _views
 
 
@@ -175,27 +175,21 @@ class Cnn(QuantizedLayers):
         s = scratch._at(B)
         a = x.reshape(B, *self.image_shape)
         R = scratch._conv_rows
-        for l, (g, p, _) in enumerate(self._plan):
-            w = self._weights_for(l, scratch)
-            fused = self._pool_fused(l)
-            out = s.pooled[l] if fused else s.act[l]
-            for lo in range(0, B, R):   # one chunk unless the scratch is for evaluation only
-                c = scratch._at(min(R, B - lo))
-                conv_forward(g, a[lo:lo + R], w, self._b[l], self._act, c.cols[l], c.z[l], out[lo:lo + R],
-                             p if fused else None, s.idx[l][lo:lo + R] if fused else None)
-            scratch._fused[l] = fused
-            a = out
-            if fused:
-                continue
+        ws = [self._weights_for(l, scratch) for l in range(self.n_conv)]
+        scratch._fused = [self._pool_fused(l) for l in range(self.n_conv)]
+        for stage in self._stages():
+            for r0 in range(0, B, R):   # one block unless the scratch is for evaluation only
+                n, c = min(R, B - r0), scratch._at(min(R, B - r0))
+                by_chunks(lambda lo, hi: self._forward_chunk(stage, a, ws, s, c, r0, n, lo, hi), n, c.cols[stage[0]].size)
+            l, p = stage[-1], self._plan[stage[-1]][1]
+            a = s.pooled[l]
             aq = self._aq[l]
-            if aq is not None:
-                aq.forward(a, s.actq[l])
-                a = s.actq[l]
-            if s.pooled[l] is not a:
-                y, idx = s.pooled[l], s.idx[l]
-                by_images(lambda lo, hi: maxpool_forward(a[lo:hi], p[0], p[1], p[0], p[1], y[lo:hi], idx[lo:hi]),
-                          B, a.size)
-                a = s.pooled[l]
+            if aq is not None:      # quantize the whole batch's activations, then pool them
+                aq.forward(s.act[l], s.actq[l])
+                if p != (1, 1):
+                    y, idx, aq_out = s.pooled[l], s.idx[l], s.actq[l]
+                    by_images(lambda lo, hi: maxpool_forward(aq_out[lo:hi], *p, *p, y[lo:hi], idx[lo:hi]),
+                              B, aq_out.size)
         a = a.reshape(B, -1)
         last = self.num_layers - 1
         for i in range(self.n_conv, last + 1):
@@ -215,6 +209,51 @@ class Cnn(QuantizedLayers):
         scratch._x_in = x_in
         self._last_batch = B
         return s.h[-1]
+
+    def _stages(self) -> list[list[int]]:
+        """Runs of conv layers that go chunk by chunk together: a layer with an activation quantizer
+        (which sees the whole batch) ends its run."""
+        stages, run = [], []
+        for l in range(self.n_conv):
+            run.append(l)
+            if self._aq[l] is not None or l == self.n_conv - 1:
+                stages.append(run)
+                run = []
+        return stages
+
+    def _forward_chunk(self, stage, a, ws, s, c, r0, n, lo, hi) -> None:
+        """The conv layers of ``stage`` (activation and pool included, but a quantized activation's)
+        for images r0+lo..r0+hi of the block r0..r0+n, whose im2col and product buffers are c's."""
+        blk = slice(r0, r0 + n)
+        for l in stage:
+            g, p, _ = self._plan[l]
+            if self._pool_fused(l):
+                conv_forward_chunk(g, a[blk], ws[l], self._b[l], self._act, c.cols[l], c.z[l], s.pooled[l][blk],
+                                   p, s.idx[l][blk], lo, hi)
+            else:
+                conv_forward_chunk(g, a[blk], ws[l], self._b[l], self._act, c.cols[l], c.z[l], s.act[l][blk],
+                                   None, None, lo, hi)
+                if p != (1, 1) and self._aq[l] is None:
+                    part = slice(r0 + lo, r0 + hi)
+                    maxpool_forward(s.act[l][part], *p, *p, s.pooled[l][part], s.idx[l][part])
+            a = s.pooled[l]
+
+    def _backward_chunk(self, stage, scratch, s, gb, dx_input, lo, hi) -> None:
+        """The backward of the conv layers of ``stage``, top to bottom, for images lo..hi: per-chunk
+        gradients into the scratch's parts, input gradients into gb (dx_input: the first layer's)."""
+        for l in reversed(stage):
+            g, p, _ = self._plan[l]
+            dx = gb.g_out[l - 1] if l > 0 else dx_input
+            # dz goes where the forward's product was, dcols where its im2col matrix was (read for
+            # dW just before): 40% less memory touched than separate buffers
+            args = (s.cols[l], scratch._w_used[l], s.z[l], scratch._parts[l], s.cols[l] if dx is not None else None, dx)
+            if self._pool_fused(l):
+                conv_backward_chunk(g, gb.g_out[l], s.pooled[l], self._act, *args, s.idx[l], lo, hi)
+                continue
+            if p != (1, 1) and self._aq[l] is None:
+                part = slice(lo, hi)
+                maxpool_backward(gb.g_out[l][part], s.idx[l][part], gb.g_act[l][part])
+            conv_backward_chunk(g, gb.g_act[l], s.act[l], self._act, *args, None, lo, hi)
 
     def _pool_fused(self, l: int) -> bool:
         """Whether conv layer l's activation and max pool run fused (:func:`~qatlab.kernels.conv.bias_act_pool`):
@@ -263,27 +302,20 @@ class Cnn(QuantizedLayers):
             aq = self._aq[i - 1]
             if aq is not None and i > nc:
                 aq.backward(gb.delta[i - nc], s.h[i - nc - 1], gb.delta[i - nc])
-        for l in range(nc - 1, -1, -1):
-            g, p, _ = self._plan[l]
-            d = gb.g_out[l]                               # dL/d(layer l's output after its pool)
-            dx = gb.g_out[l - 1] if l > 0 else (gb.d_input4 if need_input_grad else None)
-            # dz goes where the forward's product was, dcols where its im2col matrix was (read for
-            # dW just before): 40% less memory touched than separate buffers
-            args = (s.cols[l], scratch._w_used[l], s.z[l], scratch._parts[l], grads._dw[l], grads._db[l],
-                    s.cols[l] if dx is not None else None, dx)
-            if scratch._fused[l]:
-                conv_backward(g, d, s.pooled[l], self._act, *args, idx=s.idx[l])
-            else:
-                if s.idx[l] is not None:
-                    idx, dx_pool = s.idx[l], gb.g_act[l]
-                    by_images(lambda lo, hi: maxpool_backward(d[lo:hi], idx[lo:hi], dx_pool[lo:hi]), B,
-                              dx_pool.size)
-                    d = gb.g_act[l]
-                aq = self._aq[l]
-                if aq is not None:
-                    aq.backward(d, s.act[l], d)
-                conv_backward(g, d, s.act[l], self._act, *args)
-            self._weight_ste(l, grads)
+        dx_input = gb.d_input4 if need_input_grad else None
+        for stage in reversed(self._stages()):
+            l, p = stage[-1], self._plan[stage[-1]][1]
+            aq = self._aq[l]
+            if aq is not None:     # the whole batch through the pool and the activation quantizer first
+                if p != (1, 1):
+                    d, idx, da = gb.g_out[l], s.idx[l], gb.g_act[l]
+                    by_images(lambda lo, hi: maxpool_backward(d[lo:hi], idx[lo:hi], da[lo:hi]), B, da.size)
+                aq.backward(gb.g_act[l], s.act[l], gb.g_act[l])
+            by_chunks(lambda lo, hi: self._backward_chunk(stage, scratch, s, gb, dx_input, lo, hi), B,
+                      s.cols[stage[0]].size)
+            for l in stage:
+                sum_parts(scratch._parts[l], B, grads._dw[l], grads._db[l])
+                self._weight_ste(l, grads)
         scratch._spent = True
         grads._input_batch = B if need_input_grad else 0
         return grads.d_input() if need_input_grad else None

@@ -15,11 +15,12 @@ from __future__ import annotations
 import math
 import numbers
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from .. import parallel
+from .. import fpmode, parallel
 from ..kernels.conv import (bias_act_pool, col2im, cols_to_nchw, im2col, maxpool_backward, maxpool_forward,
                             nchw_to_cols, pool_to_cols)
 from ..kernels.dense import IDENTITY, bias_grad
@@ -94,33 +95,58 @@ def by_images(fn, n_images: int, n_elements: int) -> None:
 #: batch size only, never on the core count or on which core ran what.
 CHUNK_IMAGES = 16
 
+_helpers: ThreadPoolExecutor | None = None
+
 
 def n_chunks(n_images: int) -> int:
     return -(-n_images // CHUNK_IMAGES)
 
 
 def by_chunks(fn, n_images: int, n_elements: int) -> None:
-    """``fn(lo, hi)`` for each chunk of :data:`CHUNK_IMAGES` images; the cores take chunks from a
-    shared queue when there are several and the work (``n_elements`` touched) is large, so a core
-    slowed by other work takes fewer. Chunks write disjoint outputs."""
+    """``fn(lo, hi)`` for each chunk of :data:`CHUNK_IMAGES` images (chunks write disjoint outputs).
+    When there are several and the work (``n_elements`` touched) is large, helper threads take chunks
+    from a shared queue beside the caller. The caller never waits for a helper that has not started
+    (on a loaded machine it may not get a core for milliseconds): it withdraws it and runs the
+    remaining chunks itself; it only waits for chunks a helper is running."""
+    global _helpers
     n = n_chunks(n_images)
+
+    def run(k):
+        fn(k * CHUNK_IMAGES, min((k + 1) * CHUNK_IMAGES, n_images))
+
     if n < 2 or parallel.cores() < 2 or n_elements < parallel.MIN_ELEMENTS:
         for k in range(n):
-            fn(k * CHUNK_IMAGES, min((k + 1) * CHUNK_IMAGES, n_images))
+            run(k)
         return
-    queue = iter(range(n))
-    taking = threading.Lock()
+    queue, taking = iter(range(n)), threading.Lock()
 
-    def worker(_lo, _hi):
+    def work():
         while True:
             with taking:
                 k = next(queue, None)
             if k is None:
                 return
-            fn(k * CHUNK_IMAGES, min((k + 1) * CHUNK_IMAGES, n_images))
+            run(k)
 
-    workers = min(parallel.cores(), n)
-    parallel.split_rows(worker, workers, workers)
+    if _helpers is None:
+        _helpers = ThreadPoolExecutor(parallel.cores() - 1, thread_name_prefix="qatlab-chunks")
+    mode = fpmode.get_mode()          # helpers compute in the caller's floating-point mode
+    helpers = [_helpers.submit(_in_mode, mode, work) for _ in range(min(parallel.cores(), n) - 1)]
+    try:
+        work()
+    finally:
+        for f in helpers:
+            if not f.cancel():
+                f.result()
+
+
+def _in_mode(mode, fn) -> None:
+    before = fpmode.get_mode()
+    fpmode.set_mode(mode)
+    try:
+        fn()
+    finally:
+        fpmode.set_mode(before)
 
 
 @dataclass(frozen=True)
@@ -163,22 +189,24 @@ class ConvGeom:
         return self
 
 
+def conv_forward_chunk(g: ConvGeom, x, w2, bias, act: int, cols, z, y, pool, idx, lo: int, hi: int) -> None:
+    """:func:`conv_forward` for images lo <= b < hi (writes those images' parts of cols, z, y, idx)."""
+    B, P = x.shape[0], g.p
+    im2col(x, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, lo, hi, cols)
+    np.matmul(w2, cols[:, lo * P:hi * P], out=z[:, lo * P:hi * P])
+    if pool is None:
+        cols_to_nchw(z, bias, act, lo, hi, y.reshape(B, g.c_out, P))
+    else:
+        bias_act_pool(z, bias, act, pool[0], pool[1], g.oh, g.ow, lo, hi, y, idx)
+
+
 def conv_forward(g: ConvGeom, x, w2, bias, act: int, cols, z, y, pool=None, idx=None) -> None:
     """y = act(conv(x) + bias) (B, Cout, OH, OW) for x (B, C, H, W); w2 (Cout, ck); scratch cols
     (ck, B*p) and z (Cout, B*p) (kept for the backward). With ``pool`` = (ph, pw) (act RELU or
     IDENTITY), y is instead the max pool of that (stride = window) and idx its argmax
     (:func:`~qatlab.kernels.conv.bias_act_pool`): the activation map is never written."""
-    B, P = x.shape[0], g.p
-
-    def chunk(lo, hi):
-        im2col(x, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, lo, hi, cols)
-        np.matmul(w2, cols[:, lo * P:hi * P], out=z[:, lo * P:hi * P])
-        if pool is None:
-            cols_to_nchw(z, bias, act, lo, hi, y.reshape(B, g.c_out, P))
-        else:
-            bias_act_pool(z, bias, act, pool[0], pool[1], g.oh, g.ow, lo, hi, y, idx)
-
-    by_chunks(chunk, B, cols.size)
+    by_chunks(lambda lo, hi: conv_forward_chunk(g, x, w2, bias, act, cols, z, y, pool, idx, lo, hi),
+              x.shape[0], cols.size)
 
 
 def grad_parts(g: ConvGeom, n_images: int) -> tuple[np.ndarray, np.ndarray]:
@@ -187,32 +215,39 @@ def grad_parts(g: ConvGeom, n_images: int) -> tuple[np.ndarray, np.ndarray]:
     return np.empty((n, g.c_out, g.ck), np.float32), np.empty((n, g.c_out), np.float32)
 
 
+def conv_backward_chunk(g: ConvGeom, dy, y, act: int, cols, w2, dz, parts, dcols, dx, idx, lo: int, hi: int):
+    """:func:`conv_backward` for images lo <= b < hi, leaving their chunk's gradients in ``parts``."""
+    B, P = dy.shape[0], g.p
+    k = lo // CHUNK_IMAGES
+    if idx is None:
+        nchw_to_cols(dy.reshape(B, g.c_out, P), y.reshape(B, g.c_out, P), act, lo, hi, dz, parts[1][k])
+    else:
+        pool_to_cols(dy, idx, y, act, P, lo, hi, dz, parts[1][k])
+    np.matmul(dz[:, lo * P:hi * P], cols[:, lo * P:hi * P].T, out=parts[0][k])
+    if dx is not None:
+        np.matmul(w2.T, dz[:, lo * P:hi * P], out=dcols[:, lo * P:hi * P])
+        col2im(dcols, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, lo, hi, dx)
+
+
+def sum_parts(parts, n_images: int, dw2, db) -> None:
+    """dw2, db = the sums of the chunks' gradients, in chunk order."""
+    dw_parts, db_parts = parts
+    dw2[:] = dw_parts[0]
+    db[:] = db_parts[0]
+    for k in range(1, n_chunks(n_images)):
+        dw2 += dw_parts[k]
+        db += db_parts[k]
+
+
 def conv_backward(g: ConvGeom, dy, y, act: int, cols, w2, dz, parts, dw2, db, dcols=None, dx=None,
                   idx=None) -> None:
     """From dy = dL/dy (B, Cout, OH, OW) and the forward's y and cols: dw2 (Cout, ck), db (Cout,) and,
     when dx (B, C, H, W) is given, dx (through dcols (ck, B*p)). With ``idx`` (a pooled forward),
     dy and y are those of the pooled output. dz (Cout, B*p) is scratch; ``parts``
     (:func:`grad_parts`) hold each chunk's gradients, summed in chunk order."""
-    B, P = dy.shape[0], g.p
-    dw_parts, db_parts = parts
-
-    def chunk(lo, hi):
-        k = lo // CHUNK_IMAGES
-        if idx is None:
-            nchw_to_cols(dy.reshape(B, g.c_out, P), y.reshape(B, g.c_out, P), act, lo, hi, dz, db_parts[k])
-        else:
-            pool_to_cols(dy, idx, y, act, P, lo, hi, dz, db_parts[k])
-        np.matmul(dz[:, lo * P:hi * P], cols[:, lo * P:hi * P].T, out=dw_parts[k])
-        if dx is not None:
-            np.matmul(w2.T, dz[:, lo * P:hi * P], out=dcols[:, lo * P:hi * P])
-            col2im(dcols, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, lo, hi, dx)
-
-    by_chunks(chunk, B, cols.size)
-    dw2[:] = dw_parts[0]
-    db[:] = db_parts[0]
-    for k in range(1, n_chunks(B)):
-        dw2 += dw_parts[k]
-        db += db_parts[k]
+    by_chunks(lambda lo, hi: conv_backward_chunk(g, dy, y, act, cols, w2, dz, parts, dcols, dx, idx, lo, hi),
+              dy.shape[0], cols.size)
+    sum_parts(parts, dy.shape[0], dw2, db)
 
 
 def pool_size(size: int, k: int, s: int) -> int:
