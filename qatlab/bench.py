@@ -6,6 +6,7 @@ Usage::
     python -m qatlab.bench fakequant --quick         # smaller sizes, fewer repeats
     python -m qatlab.bench conv                      # CNN step vs PyTorch eager vs im2col floor
     python -m qatlab.bench sweep                     # a 16-run sweep on 1 vs 2 Dask workers
+    python -m qatlab.bench store                     # the run store: logging cost, reading 100k rows
     python -m qatlab.bench fakequant --out my.json --repeats 11
     python -m qatlab.bench all                       # every available suite -> bench-results/<suite>.json
     python -m qatlab.bench --list                    # suites and whether they are available

@@ -436,7 +436,7 @@ def write_json(path: str | os.PathLike, payload: Any) -> Path:
 # ----------------------------------------------------------------------------- registry
 
 #: Suites in the order ``all`` runs them; each lives in ``qatlab.bench_<name>``.
-KNOWN_SUITES: tuple[str, ...] = ("fakequant", "train", "conv", "quality", "phase", "dashboard", "sweep")
+KNOWN_SUITES: tuple[str, ...] = ("fakequant", "train", "conv", "quality", "phase", "dashboard", "sweep", "store")
 
 _REGISTRY: dict[str, "SuiteSpec"] = {}
 
