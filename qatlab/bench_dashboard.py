@@ -257,6 +257,46 @@ def _rss_bytes() -> int:
     return 0
 
 
+def loop_cpu_seconds() -> float:
+    """CPU seconds the process's main thread (the server's event loop: sessions, ticks, serialisation)
+    has used, from ``/proc/self/task/<tid>/stat`` (NaN where that is not readable)."""
+    try:
+        with open(f"/proc/self/task/{threading.main_thread().native_id}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime + stime
+    except (OSError, ValueError, IndexError):
+        return math.nan
+
+
+def sample_main_thread(seconds: float, interval: float = 0.005, top: int = 40) -> dict:
+    """Where the main thread spends its time: its stack sampled every ``interval`` s for ``seconds``.
+
+    Returns ``samples``, ``idle`` (samples waiting in the event loop's selector) and the ``top``
+    functions by inclusive and by own (leaf) samples, as ``[["file:line func", count], ...]``."""
+    main = threading.main_thread().ident
+    inclusive: dict[str, int] = {}
+    leaf: dict[str, int] = {}
+    n = idle = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(main)
+        if frame is not None:
+            n += 1
+            names = []
+            while frame is not None:
+                code = frame.f_code
+                names.append(f"{code.co_filename.rsplit('site-packages/', 1)[-1]}:{code.co_firstlineno} {code.co_name}")
+                frame = frame.f_back
+            if "selectors.py" in names[0] or names[0].endswith(" select"):
+                idle += 1
+            leaf[names[0]] = leaf.get(names[0], 0) + 1
+            for name in set(names):
+                inclusive[name] = inclusive.get(name, 0) + 1
+        time.sleep(interval)
+    best = lambda d: sorted(d.items(), key=lambda kv: -kv[1])[:top]   # noqa: E731
+    return {"samples": n, "idle": idle, "inclusive": best(inclusive), "leaf": best(leaf)}
+
+
 def _inspector_state(ids=None, config: bool = True) -> dict:
     """The server process's state; runs restricted to ``ids`` when given, configs only with ``config``.
 
@@ -270,7 +310,8 @@ def _inspector_state(ids=None, config: bool = True) -> dict:
     dashboards = [{"key": id(d), "owner": d.owner, "closed": bool(d.closed), "streaming": bool(d.streaming)}
                   for d in list(ui.DASHBOARDS)] if ui is not None else []
     runs = [r for r in all_runs() if ids is None or r.id in ids]
-    return {"time": time.time(), "rss": _rss_bytes(), "runs": [_run_dict(r, config) for r in runs],
+    return {"time": time.time(), "rss": _rss_bytes(), "loop_cpu_s": loop_cpu_seconds(),
+            "runs": [_run_dict(r, config) for r in runs],
             "threads": sorted(t.name for t in threading.enumerate()), "dashboards": dashboards}
 
 
@@ -286,8 +327,9 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
     """Serve the inspector's JSON on ``127.0.0.1:port`` (default ``$QATLAB_INSPECT_PORT``) in a daemon thread.
 
     Meant for ``panel serve --setup``: it runs inside the server process and reads that
-    process's runs, threads and Dashboards. Read-only except ``/headless?epochs=N[&kind=cnn]``, which
-    trains one headless STE comparison of :func:`bench_config` there and returns its runs.
+    process's runs, threads and Dashboards (``/state``; ``/sample?seconds=S``: the main thread's
+    stacks sampled, :func:`sample_main_thread`). Read-only except ``/headless?epochs=N[&kind=cnn]``,
+    which trains one headless STE comparison of :func:`bench_config` there and returns its runs.
     """
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import parse_qs, urlsplit
@@ -302,6 +344,8 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
                     query = parse_qs(url.query)
                     ids = set(query["ids"][0].split(",")) if "ids" in query else None
                     body = _inspector_state(ids, query.get("config", ["1"])[0] != "0")
+                elif url.path == "/sample":
+                    body = sample_main_thread(float(parse_qs(url.query)["seconds"][0]))
                 elif url.path == "/headless":
                     query = parse_qs(url.query)
                     body = _inspector_headless(int(query["epochs"][0]), query.get("kind", ["digits"])[0])
@@ -627,8 +671,11 @@ def _page_four(browser, server: AppServer, epochs: int, timeout: float, kind: st
         dp.start_update_counter("loss-source-")
         dp.click("Compare STE kinds")
         ids = [r["id"] for r in _new_runs(server, before, 4)]
+        cpu0 = server.inspect("/state?config=0&ids=-")["loop_cpu_s"]     # the runs have just started
         runs = _wait_done(server, ids, timeout)
+        cpu1 = server.inspect("/state?config=0&ids=-")["loop_cpu_s"]
         out = _group_throughput(runs)
+        out["loop_cpu_s"] = cpu1 - cpu0
         shown = dp.wait_status(lambda s: s in DONE, timeout=timeout, what="done")   # the page catches up
         time.sleep(0.5)   # let the last tick arrive
         changes = {k: v for k, v in dp.stop_update_counter().items() if k.removeprefix("loss-source-") in ids}
@@ -860,6 +907,7 @@ def _throughput_part(browser, server, p, tag, kind: str = "digits"):
             "round": i + 1, "steps": h["steps"], "headless_steps_s": h["steps_per_s"],
             "page_steps_s": b["steps_per_s"], "ratio": b["steps_per_s"] / h["steps_per_s"],
             "headless_wall_s": h["wall_s"], "page_wall_s": b["wall_s"],
+            "loop_cpu_pct": 100 * b.get("loop_cpu_s", math.nan) / b["wall_s"],
             "updates_min": min(rates) if len(rates) == 4 else math.nan,
             "updates_median": statistics.median(rates) if rates else math.nan,
             "sources": b["sources"], "same_config": b["same_config"], "page_status": b["page_status"],
@@ -875,6 +923,7 @@ def _throughput_part(browser, server, p, tag, kind: str = "digits"):
         Column("headless_wall_s", "headless s", "{:.2f}"), Column("page_wall_s", "with page s", "{:.2f}"),
         Column("updates_min", "updates/s (slowest source)", "{:.1f}"),
         Column("updates_median", "updates/s (median)", "{:.1f}"),
+        Column("loop_cpu_pct", "server loop CPU % while training", "{:.0f}"),
         Column("same_config", "same config", lambda v: "yes" if v else "NO")], rounds)
     ratio = statistics.median(r["ratio"] for r in rounds)
     valid = all(r["same_config"] and r["headless_statuses"] == ["finished"] and r["page_statuses"] == ["finished"]

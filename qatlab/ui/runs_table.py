@@ -181,8 +181,9 @@ class RunsTable(LiveView):
         self._last_key = None
         self._next_refresh = 0.0
         self.table.param.watch(self._on_selection, "selection")
-        self.refresh(force=True)
-        self.rebuild()
+        if self._active:    # a hidden (lazy) tab reads the runs when first shown: a page open does not
+            self.refresh(force=True)
+        self.request_rebuild()
 
     def _on_selection(self, _event=None) -> None:
         self.cancel()

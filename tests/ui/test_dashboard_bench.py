@@ -67,7 +67,10 @@ def test_inspector_reports_runs_and_trains_headless():
             assert time.monotonic() < deadline, "inspector did not answer"
             time.sleep(0.1)
     assert {"time", "rss", "runs", "threads", "dashboards"} <= set(state)
-    assert state["rss"] > 0 and "qatlab-inspector" in state["threads"]
+    assert state["rss"] > 0 and "qatlab-inspector" in state["threads"] and state["loop_cpu_s"] > 0
+    sample = json.loads(urllib.request.urlopen(f"{base}/sample?seconds=0.2", timeout=10).read())
+    assert sample["samples"] > 5 and sample["inclusive"] and sample["leaf"]
+    assert any("test_inspector_reports_runs" in name for name, _ in sample["inclusive"])   # this thread waits there
     out = json.loads(urllib.request.urlopen(f"{base}/headless?epochs=1", timeout=120).read())
     runs = out["runs"]
     assert len(runs) == 4 and {r["status"] for r in runs} == {"finished"}
