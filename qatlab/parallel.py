@@ -6,8 +6,9 @@ same time on a shared thread pool; each slice writes its own part of ``out``, so
 reduced across threads (but a sum over slices, :func:`sum_slices`). Only work above a size
 threshold is split: every layer of the small models trained here stays on the calling
 thread, and several runs training big layers at once take turns at the pool rather than queue
-on it. The slices depend only on the shapes and the core count, never on which thread computes
-them, so a run stays deterministic on one machine.
+on it. Sums and matrix products are cut into a number of blocks that depends only on the shapes
+(:func:`fixed_blocks`), spread over however many cores there are, so a run gives the same bits
+on a machine (or Dask worker) with any core count.
 
 Measured on 2 cores (``python -m qatlab.bench fakequant`` / ``train``): fake-quantizing 16M
 float32 elements 9.8 -> 7.3 ms; an Adam step over 803k parameters 442 -> 269 us;
@@ -96,36 +97,46 @@ def elementwise(kernel, arrays, scalars, out=None) -> None:
     split_rows(lambda lo, hi: kernel(*(a[lo:hi] for a in arrays), *scalars, *(t[lo:hi] for t in tail)), n, parts)
 
 
+def fixed_blocks(fn, n: int, blocks: int) -> None:
+    """Call ``fn(lo, hi)`` for ``blocks`` contiguous ranges covering ``range(n)`` -- ranges that
+    depend only on ``n`` and ``blocks`` -- spread over the cores (each core takes a run of blocks)."""
+    bounds = [n * k // blocks for k in range(blocks + 1)]
+
+    def some(first: int, last: int) -> None:
+        for k in range(first, last):
+            fn(bounds[k], bounds[k + 1])
+    split_rows(some, blocks, min(cores(), blocks))
+
+
 def sum_slices(kernel, x: np.ndarray) -> float:
     """``kernel(x)`` for a kernel returning a float64 sum over x (n,): when n >= MIN_ELEMENTS, the
-    sum of ``kernel`` over slices of x computed in parallel, added in slice order. The slices
-    depend only on n and the core count, so the result does too; it can differ from one call in
-    the last bits of the float64 sum."""
+    sum of ``kernel`` over MAX_PARTS slices of x computed on the cores, added in slice order. The
+    slices depend only on n, so the result does too, whatever the core count; it can differ from
+    one call in the last bits of the float64 sum."""
     n = x.shape[0]
-    parts = cores() if n >= MIN_ELEMENTS else 1
-    if parts < 2:
+    if n < MIN_ELEMENTS:
         return kernel(x)
     partial = {}
-    split_rows(lambda lo, hi: partial.__setitem__(lo, kernel(x[lo:hi])), n, parts)
+    fixed_blocks(lambda lo, hi: partial.__setitem__(lo, kernel(x[lo:hi])), n, MAX_PARTS)
     return sum(partial[lo] for lo in sorted(partial))
 
 
 def dot(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``out = a @ b`` for a (M, K), b (K, N), out (M, N) float32, out C-contiguous; split when
-    M*K*N >= MIN_MACS into blocks of at least 32 columns of ``b``/``out`` when ``b`` is a
-    transposed weight (F-contiguous: the forward ``x @ W.T``), else into blocks of at least 32 rows
-    of ``a``/``out`` (the gradient products ``dY.T @ x`` and ``dY @ W``); ``np.matmul`` writes each
-    block of out in place. A split product can differ from one ``np.dot`` in the last bits (BLAS
-    blocks differently)."""
+    """``out = a @ b`` for a (M, K), b (K, N), out (M, N) float32, out C-contiguous; when
+    M*K*N >= MIN_MACS, computed in up to MAX_PARTS blocks of at least 32 columns of ``b``/``out``
+    when ``b`` is a transposed weight (F-contiguous: the forward ``x @ W.T``), else of at least 32
+    rows of ``a``/``out`` (the gradient products ``dY.T @ x`` and ``dY @ W``), spread over the cores;
+    ``np.matmul`` writes each block of out in place. The blocks depend only on the shapes, so the
+    result does too; it can differ from one ``np.dot`` in the last bits (BLAS blocks differently)."""
     m, n = a.shape[0], b.shape[1]
     if m * a.shape[1] * n < MIN_MACS:
         return np.dot(a, b, out=out)
     by_columns = b.flags.f_contiguous and not b.flags.c_contiguous
-    parts = min(cores(), (n if by_columns else m) // 32)
-    if parts < 2:
+    blocks = min(MAX_PARTS, (n if by_columns else m) // 32)
+    if blocks < 2:
         return np.dot(a, b, out=out)
     if by_columns:
-        split_rows(lambda lo, hi: np.matmul(a, b[:, lo:hi], out=out[:, lo:hi]), n, parts)
+        fixed_blocks(lambda lo, hi: np.matmul(a, b[:, lo:hi], out=out[:, lo:hi]), n, blocks)
     else:
-        split_rows(lambda lo, hi: np.matmul(a[lo:hi], b, out=out[lo:hi]), m, parts)
+        fixed_blocks(lambda lo, hi: np.matmul(a[lo:hi], b, out=out[lo:hi]), m, blocks)
     return out

@@ -516,7 +516,8 @@ def test_training_step_does_not_allocate_arrays():
 def test_large_products_split_across_cores_match_one_thread(force_split, parts):
     """Above parallel.MIN_MACS the dense products run as blocks on several threads (column blocks
     of ``x @ W.T``, row blocks of the gradient products); the forward, the gradients and dL/dx
-    agree with the one-thread products to float32 rounding."""
+    agree with the one-thread products to float32 rounding, and bit for bit with the same blocks
+    on one core."""
     from qatlab import parallel
     sizes = [40, 96, 7]
     mlp = Mlp(sizes, activation="relu", seed=11)
@@ -525,13 +526,19 @@ def test_large_products_split_across_cores_match_one_thread(force_split, parts):
     y1, loss1, g1, dx1 = step(mlp, x, "xent", labels, None)
     splits = force_split(parts, MIN_MACS=1)
     y2, loss2, g2, dx2 = step(mlp, x, "xent", labels, None)
-    # layer 0's forward: 96 columns of W0.T; backward: dW1 = dY.T @ h has 7 rows (too few to
-    # split), d_prev = dY @ W1 70 rows (2 blocks of >= 32), dW0 = dH.T @ x 96 rows, dx 70 rows
-    assert splits == [(96, min(parts, 3)), (70, 2), (96, min(parts, 3)), (70, 2)]
+    # (blocks, threads): layer 0's forward: 96 columns of W0.T in 3 blocks of >= 32; backward: dW1 = dY.T @ h
+    # has 7 rows (too few to split), d_prev = dY @ W1 70 rows (2 blocks), dW0 = dH.T @ x 96 rows, dx 70 rows
+    assert splits == [(3, min(parts, 3)), (2, 2), (3, min(parts, 3)), (2, 2)]
     np.testing.assert_allclose(y2, y1, rtol=1e-5, atol=1e-6)
     assert loss2 == pytest.approx(loss1, rel=1e-6)
     np.testing.assert_allclose(g2.flat(), g1.flat(), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(dx2, dx1, rtol=1e-5, atol=1e-7)
+    splits_one = force_split(1, MIN_MACS=1)   # one core: the same blocks one after the other, the same bits
+    y4, loss4, g4, dx4 = step(mlp, x, "xent", labels, None)
+    assert [n for n, _ in splits_one] == [3, 2, 3, 2] and {p for _, p in splits_one} == {1}
+    assert np.array_equal(y4, y2) and loss4 == loss2 and np.array_equal(g4.flat(), g2.flat())
+    assert np.array_equal(dx4, dx2)
+    force_split(parts, MIN_MACS=1)
     with parallel._splitting:            # another thread's split holds the pool: same slices, serially
         y3, loss3, g3, dx3 = step(mlp, x, "xent", labels, None)
     assert np.array_equal(y3, y2) and loss3 == loss2 and np.array_equal(g3.flat(), g2.flat())
