@@ -51,6 +51,7 @@ class AxisScale:
             xs = np.array(present, dtype=np.float64)
             self.lo, self.hi = float(xs.min()), float(xs.max())
             self.log = self.lo > 0 and self.hi / self.lo >= 100
+            self.distinct = sorted(set(present))
             self.categories = []
         else:
             self.categories = list(dict.fromkeys(value_text(v) for v in present))
@@ -76,8 +77,8 @@ class AxisScale:
         """(position, label) pairs: every category, or a few evenly spread numbers."""
         if not self.numeric:
             return [(self.position(c), c) for c in self.categories]
-        if self.hi == self.lo:
-            return [(0.5, value_text(self.lo))]
+        if len(self.distinct) <= MAX_TICKS:       # a grid's few values: label each one
+            return [(self.position(v), value_text(v)) for v in self.distinct]
         if self.log:
             values = np.geomspace(self.lo, self.hi, 4)
         else:
@@ -230,7 +231,7 @@ def heat_figure(source: ColumnDataSource, x_factors: list, y_factors: list, mapp
                      selection_line_color="#d62728", selection_line_width=3, nonselection_fill_alpha=0.45,
                      name="sweep-cells")
     fig.text("x", "y", text="text", source=source, text_align="center", text_baseline="middle",
-             text_font_size="10pt", text_color="#111111")
+             text_font_size="10pt", text_color="#ffffff", text_font_style="bold", text_outline_color="#333333")
     fig.add_tools(HoverTool(renderers=[cells], tooltips=[
         (x_label, "@x"), (y_label, "@y"), (f"mean {metric}", "@mean{0.0000}"), ("std", "@std{0.0000}"),
         ("min .. max", "@min{0.0000} .. @max{0.0000}"), ("finished / runs", "@n / @runs")]))

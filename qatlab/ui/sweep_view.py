@@ -8,8 +8,8 @@
   sweep, and stored sweeps are read on one too: the page never waits for either.
 - ``qatlab-sweep-table`` (Tabulator, one row per run, filling as runs start and end),
   ``fig-sweep-parallel`` (runs across the axes, coloured by ``Metric``), ``fig-sweep-heatmap`` (mean
-  metric over two axes, spread over seeds on hover) and ``qatlab-sweep-summary`` (per point: mean,
-  std and count). The table and both charts share one selection: ticking rows highlights their
+  metric over two axes, spread over seeds on hover) and ``qatlab-sweep-summary`` (per point, seeds
+  pooled: runs by status, the metric's mean, std, min, max and count over the finished runs). The table and both charts share one selection: ticking rows highlights their
   lines and cells; tapping or box-selecting lines, points or cells ticks the rows.
 - ``Open these runs`` overlays the selected runs' loss and accuracy from the store
   (``fig-sweep-loss``, ``fig-sweep-accuracy``); ``qatlab-sweep-diff`` shows how two selected runs'
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import threading
 import time
 
@@ -64,6 +65,26 @@ def handle_rows(handle) -> list[dict]:
                      "seconds": final.get("seconds"), "run_id": run.id, "name": run.name, "worker": run.worker,
                      "progress": 1.0 if run.done else float(run.progress)})
     return rows
+
+
+def summary_frame(rows: list[dict], fields: list[str], metric: str) -> pd.DataFrame:
+    """One row per point (its ``fields``; seeds pooled): runs by status and ``metric``'s mean, std
+    (sample; 0 for one run), min, max and count over the FINISHED runs only."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(C.value_text(r.get(f)) for f in fields), []).append(r)
+    out = []
+    for key, members in groups.items():
+        vals = [float(r[metric]) for r in members if r["status"] == "finished" and C.is_number(r.get(metric))]
+        n = len(vals)
+        row = dict(zip(fields, key))
+        row.update({"runs": len(members), "finished": sum(r["status"] == "finished" for r in members),
+                    "other statuses": ", ".join(sorted({r["status"] for r in members} - {"finished"})) or "-",
+                    "metric": metric, "mean": statistics.fmean(vals) if n else math.nan,
+                    "std": statistics.stdev(vals) if n > 1 else (0.0 if n else math.nan),
+                    "min": min(vals) if n else math.nan, "max": max(vals) if n else math.nan, "n": n})
+        out.append(row)
+    return pd.DataFrame(out)
 
 
 def result_rows(result: SweepResult) -> list[dict]:
@@ -112,7 +133,7 @@ class SweepView(LiveView):
         self._syncing = False
         self._choosing = False                 # the choices are being set: one redraw after, not one each
         self._throttle = Throttle(REFRESH_SECONDS)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._launching = None                 # (sweep, thread) while connecting and submitting
         self._launch_error: str | None = None
         self._stored: dict = {}                # sweep id -> rows read from the store
@@ -145,8 +166,8 @@ class SweepView(LiveView):
         self.heat_y = pn.widgets.Select(label="Heatmap y", options=[C.NONE_AXIS], value=C.NONE_AXIS, width=160)
         self.table = self._new_table(FIXED_COLUMNS + TAIL_COLUMNS)
         self.table_box = pn.Column(self.table, sizing_mode="stretch_width")
-        self.summary = pn.widgets.Tabulator(pd.DataFrame(), css_classes=["qatlab-sweep-summary"], disabled=True,
-                                            show_index=False, sizing_mode="stretch_width", height=160)
+        self.summary = self._new_summary(pd.DataFrame())
+        self.summary_box = pn.Column(self.summary, sizing_mode="stretch_width")
         self.open_button = pn.widgets.Button(label="Open these runs", disabled=True)
         self.diff = pn.pane.Markdown("Select two runs to see how their configs differ.",
                                      css_classes=["qatlab-sweep-diff"], margin=(0, 10))
@@ -189,7 +210,7 @@ class SweepView(LiveView):
             pn.Row(self.ste_seeds, self.ste_button),
             self.message, sizing_mode="stretch_width")
         return pn.Column(form, pn.Row(self.sweep_select, self.metric_select, self.heat_x, self.heat_y),
-                         self.status, self.table_box, self.charts, self.summary,
+                         self.status, self.table_box, self.charts, self.summary_box,
                          pn.Row(self.open_button), self.diff, self.curves, sizing_mode="stretch_width")
 
     def _panel(self):
@@ -199,9 +220,10 @@ class SweepView(LiveView):
 
     @property
     def store(self):
-        if self._store is None:
-            from ..store import RunStore
-            self._store = RunStore()
+        with self._lock:              # (background readers may ask first: open it once)
+            if self._store is None:
+                from ..store import RunStore
+                self._store = RunStore()
         return self._store
 
     def _say(self, text: str) -> None:
@@ -470,6 +492,18 @@ class SweepView(LiveView):
             self.table.value = df
             self._set_table_selection(self.selected)
 
+    def _update_summary(self, df: pd.DataFrame) -> None:
+        if list(self.summary.value.columns) != list(df.columns):     # another sweep's fields: a new table
+            self.summary = self._new_summary(df)
+            self.summary_box.objects = [self.summary]
+        else:
+            self.summary.value = df
+
+    @staticmethod
+    def _new_summary(df: pd.DataFrame) -> pn.widgets.Tabulator:
+        return pn.widgets.Tabulator(df, css_classes=["qatlab-sweep-summary"], disabled=True, show_index=False,
+                                    sizing_mode="stretch_width", height=160)
+
     def _update_choices(self, rows, axes) -> None:
         metrics = self._metrics(rows) or ["test_accuracy"]
         if list(self.metric_select.options) != metrics:
@@ -498,6 +532,7 @@ class SweepView(LiveView):
         if chart_key == self._chart_key:
             return
         self._chart_key = chart_key
+        self._update_summary(summary_frame(rows, [a for a in axes if a != "seed"], metric))
         cols, ticks = C.parallel_columns(rows, axes, metric)
         cells, members, xf, yf = C.heat_cells(rows, x_axis, y_axis, metric)
         self.mapper.low, self.mapper.high = C.metric_range(cols["value"])

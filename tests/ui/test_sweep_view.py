@@ -151,6 +151,13 @@ def test_heatmap_means_are_over_the_finished_seeds_with_their_spread(store):
             assert heat["mean"][i] == pytest.approx(np.mean(vals))
             assert heat["std"][i] == pytest.approx(np.std(vals, ddof=1) if len(vals) > 1 else 0.0)
             assert (heat["n"][i], heat["runs"][i]) == (len(vals), 2)
+    summary = view.summary.value.set_index(["quant.ste", "quant.weight_bits"])
+    tanh4 = summary.loc[("tanh", "4")]
+    assert (tanh4["runs"], tanh4["finished"], tanh4["other statuses"], tanh4["n"]) == (2, 1, "failed", 1)
+    assert tanh4["mean"] == pytest.approx(accuracy("tanh", 4, 0)) and tanh4["std"] == 0.0
+    id2 = summary.loc[("identity", "2")]
+    assert id2["mean"] == pytest.approx(np.mean([accuracy("identity", 2, s) for s in SEEDS]))
+    assert id2["std"] == pytest.approx(np.std([accuracy("identity", 2, s) for s in SEEDS], ddof=1))
     view.heat_y.value = C.NONE_AXIS          # one row: each STE kind over both bits and seeds
     heat = view.heat_source.data
     assert heat["y"] == ["all", "all"]
