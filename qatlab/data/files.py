@@ -6,6 +6,7 @@ so a page can show them without leaking what a file holds.
 """
 from __future__ import annotations
 
+import gzip
 import math
 import os
 import re
@@ -245,6 +246,34 @@ def n_classes_of(y_train: np.ndarray, y_test: np.ndarray) -> int:
     if len(distinct) < 2:
         raise ValueError(f"y: classification needs at least 2 classes, got only {len(distinct)} distinct label")
     return int(distinct[-1]) + 1
+
+
+def file_image_shape(path: str | os.PathLike) -> tuple[int, ...] | None:
+    """``(C, H, W)`` of the images a data file holds, ``()`` when it holds flat features, None when
+    that cannot be told without loading it (missing or unreadable: loading names the problem).
+    Reads headers only: ``.csv`` rows are flat, IDX images are (1, H, W), a ``.npz``'s ``X`` by its shape."""
+    p = Path(path)
+    ext = p.suffix.lower()
+    if ext == ".csv":
+        return ()
+    try:
+        if IDX_IMAGES.search(p.name):
+            with (gzip.open(p) if p.suffix.lower() == ".gz" else open(p, "rb")) as f:
+                head = f.read(16)
+            return (1, int.from_bytes(head[8:12], "big"), int.from_bytes(head[12:16], "big")) if len(head) == 16 else None
+        if ext != ".npz":
+            return None
+        with zipfile.ZipFile(p) as zf:
+            if "X.npy" not in zf.namelist():
+                return None
+            shape, _ = _npy_header(zf, "X.npy", p.name, "X")
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile):
+        return None
+    if len(shape) == 2:
+        return ()
+    if len(shape) in (3, 4):
+        return tuple(int(s) for s in ((1, *shape[1:]) if len(shape) == 3 else shape[1:]))
+    return None
 
 
 # ----------------------------------------------------------------------------- load_arrays
