@@ -313,3 +313,29 @@ def test_stop_sweep_stops_the_running_and_queued_runs(store, client2):
     view.refresh(force=True)
     assert set(view.table.value["status"]) == {"stopped"} and len(view.table.value) < 6
     assert "stopped" in view.status.object and not view.busy
+
+
+class _Handle:
+    """Stands in for a running SweepHandle: records stop()."""
+
+    def __init__(self):
+        self.done, self.stopped = False, False
+
+    def stop(self):
+        self.stopped = True
+
+
+@pytest.mark.parametrize("keep_alive", [False, True])
+def test_the_dashboard_sweeps_tab_starts_from_the_sidebar_and_a_closing_page_stops_its_sweep(store, keep_alive):
+    from qatlab.ui.dashboard import TAB_NAMES, Dashboard
+    dash = Dashboard(config=tiny(), period=0)
+    assert TAB_NAMES[-1] == "Sweeps" and dash.views[-1] is dash.sweeps and dash.sweeps.owner == dash.owner
+    cfg = dash.sweeps.config_source()            # the sidebar's validated config
+    assert (cfg.optim.epochs, cfg.model.hidden) == (1, [16])
+    dash.sweeps._store = store
+    dash.sweeps.axes_input.value = "quant.nope = 1"
+    assert dash.sweeps.start_sweep() is None and "nope" in dash.sweeps.message.object
+    dash.config_panel.keep_alive.value = keep_alive
+    dash.sweeps.handle = handle = _Handle()
+    dash.close(join_timeout=1)
+    assert handle.stopped is not keep_alive
