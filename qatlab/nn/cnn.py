@@ -175,12 +175,14 @@ class Cnn(QuantizedLayers):
         s = scratch._at(B)
         a = x.reshape(B, *self.image_shape)
         R = scratch._conv_rows
-        ws = [self._weights_for(l, scratch) for l in range(self.n_conv)]
+        for l in range(self.n_conv):
+            self._weights_for(l, scratch)
         scratch._fused = [self._pool_fused(l) for l in range(self.n_conv)]
         for stage in self._stages():
             for r0 in range(0, B, R):   # one block unless the scratch is for evaluation only
                 n, c = min(R, B - r0), scratch._at(min(R, B - r0))
-                by_chunks(lambda lo, hi: self._forward_chunk(stage, a, ws, s, c, r0, n, lo, hi), n, c.cols[stage[0]].size)
+                by_chunks(lambda lo, hi: self._forward_chunk(scratch, stage, a, s, c, r0, n, lo, hi), n,
+                          c.cols[stage[0]].size)
             l, p = stage[-1], self._plan[stage[-1]][1]
             a = s.pooled[l]
             aq = self._aq[l]
@@ -221,17 +223,18 @@ class Cnn(QuantizedLayers):
                 run = []
         return stages
 
-    def _forward_chunk(self, stage, a, ws, s, c, r0, n, lo, hi) -> None:
+    def _forward_chunk(self, scratch, stage, a, s, c, r0, n, lo, hi) -> None:
         """The conv layers of ``stage`` (activation and pool included, but a quantized activation's)
         for images r0+lo..r0+hi of the block r0..r0+n, whose im2col and product buffers are c's."""
         blk = slice(r0, r0 + n)
         for l in stage:
             g, p, _ = self._plan[l]
-            if self._pool_fused(l):
-                conv_forward_chunk(g, a[blk], ws[l], self._b[l], self._act, c.cols[l], c.z[l], s.pooled[l][blk],
+            w = scratch._w_used[l]
+            if scratch._fused[l]:
+                conv_forward_chunk(g, a[blk], w, self._b[l], self._act, c.cols[l], c.z[l], s.pooled[l][blk],
                                    p, s.idx[l][blk], lo, hi)
             else:
-                conv_forward_chunk(g, a[blk], ws[l], self._b[l], self._act, c.cols[l], c.z[l], s.act[l][blk],
+                conv_forward_chunk(g, a[blk], w, self._b[l], self._act, c.cols[l], c.z[l], s.act[l][blk],
                                    None, None, lo, hi)
                 if p != (1, 1) and self._aq[l] is None:
                     part = slice(r0 + lo, r0 + hi)
@@ -247,7 +250,7 @@ class Cnn(QuantizedLayers):
             # dz goes where the forward's product was, dcols where its im2col matrix was (read for
             # dW just before): 40% less memory touched than separate buffers
             args = (s.cols[l], scratch._w_used[l], s.z[l], scratch._parts[l], s.cols[l] if dx is not None else None, dx)
-            if self._pool_fused(l):
+            if scratch._fused[l]:
                 conv_backward_chunk(g, gb.g_out[l], s.pooled[l], self._act, *args, s.idx[l], lo, hi)
                 continue
             if p != (1, 1) and self._aq[l] is None:
@@ -354,7 +357,8 @@ class CnnScratch:
     per conv layer its im2col matrix, product, activation output, quantized activation and pooled
     output (+ argmax indices); per dense layer its output and quantized activation; per layer a
     quantized-weight buffer. ``batch`` is the row count of the last forward (0 before any). The
-    backward reuses the im2col and product buffers for its own conv gradients."""
+    backward reuses the im2col and product buffers for its own conv gradients and keeps each chunk
+    of images' weight gradients apart (summed in chunk order)."""
 
     def __init__(self, model: Cnn, batch_size: int, backward: bool = True):
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:

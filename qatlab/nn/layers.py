@@ -8,7 +8,8 @@ input shape). Weights start He-normal (std sqrt(2 / fan_in)) from ``np.random.de
 biases at 0.
 
 :class:`ConvGeom` with :func:`conv_forward` / :func:`conv_backward` is the convolution on
-caller-owned buffers; :class:`~qatlab.nn.cnn.Cnn` drives the same functions with its own buffers.
+caller-owned buffers, run in chunks of images (:func:`by_chunks`); :class:`~qatlab.nn.cnn.Cnn`
+drives the same per-chunk functions with its own buffers, several layers per chunk.
 """
 from __future__ import annotations
 
