@@ -23,9 +23,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import config as C
+from . import parallel
 from .benchkit import BenchOptions, Column, Goal, SuiteResult, Table, measure_many, suite
 from .nn import cross_entropy_loss
 from .nn.cnn import Cnn
+from .nn.layers import CHUNK_IMAGES
 from .optim import Adam
 from .train.build import weight_quantizer
 
@@ -282,6 +284,8 @@ def run(opts: BenchOptions) -> SuiteResult:
     recipe = (f"conv 1->16 5x5, ReLU, max-pool 2, conv 16->32 5x5, ReLU, max-pool 2, linear 512->10; "
               f"Adam lr {LR:g}, batch {batch}")
     notes = [f"one step = forward, cross-entropy, backward (no input gradient), Adam update; {recipe}",
+             f"qatlab runs its conv layers in chunks of {CHUNK_IMAGES} images on {parallel.cores()} core(s) "
+             "(the same bits on any core count)",
              "floor = the step's 8 matrix products (numpy matmul on im2col matrices built beforehand); "
              "no im2col, activation, pooling, loss or optimizer work",
              "fake: symmetric 4-bit per output channel, min/max scale every step; ternary: absmean; identity STE",
