@@ -136,6 +136,8 @@ class ConfigPanel(pn.viewable.Viewer):
         self.file_chooser.on_shown = self._lay_out
         self._contents = {key: self._section(key) for key, _, _ in SECTIONS}   # every view of a card, in order
         self._laid: set[int] = set()      # ids of the views in the page (shown at least once)
+        self._dirty: set[str] = set()     # cards whose laid-out views changed, not yet sent
+        self._batching = False            # inside _changed: cards are updated once, at its end
         self._cards = {key: pn.Card(title=title, collapsed=collapsed, sizing_mode="stretch_width", margin=(4, 0))
                        for key, title, collapsed in SECTIONS}
         self._filled = {key for key, _, collapsed in SECTIONS if not collapsed}   # a collapsed card fills when opened
@@ -192,10 +194,14 @@ class ConfigPanel(pn.viewable.Viewer):
         if not new:
             return
         self._laid |= new
-        if not self._building:
-            for key in list(self._filled):
-                if any(id(v) in new for v in _views(self._contents[key])):
-                    self._fill(key)
+        self._dirty |= {key for key in self._filled if any(id(v) in new for v in _views(self._contents[key]))}
+        if not (self._building or self._batching):
+            self._flush()
+
+    def _flush(self) -> None:
+        dirty, self._dirty = self._dirty, set()
+        for key in dirty:
+            self._fill(key)
 
     def _fill(self, key: str) -> None:
         """Show card ``key``'s laid-out views (a collapsed card is filled when first opened)."""
@@ -213,6 +219,16 @@ class ConfigPanel(pn.viewable.Viewer):
         """After any edit: find what is invalid, show it, enable or disable Start / Compare, show the fields that apply."""
         if self._building:
             return
+        self._batching = True
+        try:
+            self._check()
+        finally:
+            self._batching = False
+        self._lay_out(*self._parts())
+        self._flush()
+
+    def _check(self) -> None:
+        """The body of :meth:`_changed` (fields shown, errors, Start enabled)."""
         self._apply_rules()
         own = [p.error for p in self._parts() if p.error]
         rule = None
@@ -232,7 +248,6 @@ class ConfigPanel(pn.viewable.Viewer):
             self.error.object = "**Start is disabled until this is fixed:**\n\n" + "\n".join(
                 f"- {_md(p)}" for p in self.problems)
         self.error.visible = bool(self.problems)
-        self._lay_out(*self._parts())
 
     def _part_named(self, message: str):
         """The field a rule's message names (``ModelConfig.hidden[0]: ...``, ``phase.gradient_accumulation: ...``)."""

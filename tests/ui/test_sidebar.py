@@ -230,6 +230,10 @@ def test_a_page_lays_out_only_what_it_shows():
     optim = [f for k, f in panel.fields.items() if k.startswith("optim.") or k == "metrics_every"]
     expect = [v for f in optim if f.visible for v in (f.widget, *((f.message,) if f.message_made else ()))]
     assert panel.cards.objects[3].objects == expect and panel.fields["optim.momentum"].widget in expect
+    quant, sent = panel.cards.objects[2], []
+    quant.param.watch(lambda e: sent.append(len(e.new)), "objects")
+    panel.fields["quant.weights"].widget.value = "fake"     # four fields appear: one update of the card
+    assert len(sent) == 1 and {"quant.weight_bits", "quant.per_channel"} <= shown(panel)
     panel.config.data.dataset = "file"
     views = _card_views(panel)
     assert views[views.index(panel.dataset_card) + 1] is panel.file_chooser.box
