@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from qatlab.bench_dashboard import ROOT, AppServer, DashboardPage, wait_for
+from qatlab.ui.dashboard import TAB_NAMES
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -32,7 +33,7 @@ FIRST_ROW_GOAL_S = 3.0
 NOT_COMPILING_S = 10.0
 X_SLACK = 0.05
 SHORT_EPOCHS = 2       # of the page's default CNN (~1.5 s alone)
-TABS = ["Overview", "STE comparison", "Quantization", "Phases", "Runs"]
+TABS = list(TAB_NAMES)  # every tab the page has
 DONE = ("finished", "stopped", "diverged", "failed")
 MEASURED: dict[str, float] = {}
 
