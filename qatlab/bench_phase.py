@@ -189,12 +189,6 @@ def variant_config(base: C.ExperimentConfig, variant: Variant, epochs: int | Non
 
 # ----------------------------------------------------------------------------- one training
 
-def _nanmean(a) -> float:
-    a = np.asarray(a, dtype=np.float64)
-    a = a[np.isfinite(a)]
-    return float(a.mean()) if a.size else math.nan
-
-
 def train_once(cfg: C.ExperimentConfig) -> dict[str, Any]:
     """Train ``cfg`` once (``ql.Run``, joined) and return the numbers the tables need."""
     run = Run(cfg, name="bench-phase")

@@ -180,12 +180,6 @@ class Optimizer:
         """Learning rate the next :meth:`step` will use (from the schedule)."""
         return self.schedule(self.t)
 
-    def reset_state(self) -> None:
-        """Zero the state buffers and the step counter (parameters untouched)."""
-        for s in self._state:
-            s.fill(0.0)
-        self.t = 0
-
     def step(self, grads, lr: float | None = None, grad_scale: float = 1.0) -> None:
         """One update of every parameter from ``grads`` (same total size and order as params).
         lr: override the schedule for this step. grad_scale: the update uses ``grad_scale * grads``

@@ -10,12 +10,8 @@ on it. Sums and matrix products are cut into a number of blocks that depends onl
 (:func:`fixed_blocks`), spread over however many cores there are, so a run gives the same bits
 on a machine (or Dask worker) with any core count.
 
-Measured on 2 cores (``python -m qatlab.bench fakequant`` / ``train``): fake-quantizing 16M
-float32 elements 9.8 -> 7.3 ms; an Adam step over 803k parameters 442 -> 269 us;
-``x @ W.T`` for (256, 784) @ (784, 1024) 2.83 ms on one thread, 1.51 ms as two row blocks, 1.38 ms
-as two column blocks, and ``dY.T @ x`` for (1024, 256) @ (256, 784) 2.65 / 1.30 / 1.45 ms: the
-block that wins is the one over the operand stored transposed (a column block of ``W.T`` is a
-contiguous block of rows of ``W``).
+Products split over the operand stored transposed (a column block of ``W.T`` is a contiguous
+block of rows of ``W``), which is the faster way (``python -m qatlab.bench fakequant`` / ``train``).
 """
 from __future__ import annotations
 
@@ -27,9 +23,8 @@ import numpy as np
 
 from . import fpmode
 
-#: An element-wise kernel over at least this many elements is split: a split costs about 23 us of
-#: thread hand-off on 2 cores, which fake quantization (0.28 ns per element) earns back from
-#: about 170k elements and Adam (0.55 ns) from about 85k.
+#: An element-wise kernel over at least this many elements is split (below it the thread hand-off
+#: costs more than the split saves).
 MIN_ELEMENTS = 1 << 18
 #: A matrix product of at least this many multiply-adds (rows x inner x columns) is split.
 MIN_MACS = 1 << 24

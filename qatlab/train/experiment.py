@@ -55,9 +55,7 @@ EVAL_CHUNK = 1024
 #: At most this many training steps run at once in the process (one per core, plus one); the other
 #: runs' threads wait on it, not on the GIL, so several runs share the cores without starving each
 #: other or the dashboard's event loop. The extra slot keeps the cores busy while a slot holder runs
-#: its Python between kernels, waiting for the GIL: four runs on two cores made 18.3-18.8k steps/s
-#: with three slots against 16.0-18.0k with two (1.87 cores used instead of 1.77), and 14.9-15.3k
-#: instead of 13.6-14.5k while streaming to a page; four slots gave 18.0-18.8k and 14.4k.
+#: its Python between kernels, waiting for the GIL (more four-run throughput than two or four slots).
 STEP_SLOT_COUNT = parallel.cores() + 1
 STEP_SLOTS = threading.BoundedSemaphore(STEP_SLOT_COUNT)
 SNAPSHOT_SECONDS = 0.5

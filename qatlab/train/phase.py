@@ -78,17 +78,13 @@ L_F / L_P the mean measured loss over that cycle's FULL steps / predict block (s
 
 The comparison is between block means, each a mean of minibatch losses: L_P averages few of
 them (the CORRECT steps, which come after the longest run of predicted steps, and the PREDICT
-steps whose loss the caller measured), so r is noisy. Measured on digits (defaults), r is
-mostly well above loss_threshold (predicted steps do raise the loss) and the lengths settle
-near F = 2 F0, P = P0 // 2. A noise guard (moving only when |L_P - L_F| exceeds two standard
-errors) kept longer predict blocks but lost accuracy (mean over 4 seeds -5.0 pp vs -1.7 pp),
-so the rule stays the plain comparison: it errs towards real gradients.
+steps whose loss the caller measured), so r is noisy. The rule stays the plain comparison (a
+noise guard kept longer predict blocks but lost accuracy): it errs towards real gradients.
 
-within F in [max(1, F0 // 2), 2 F0] and P in [max(1, P0 // 2), 2 P0] (F0, P0 = configured
-lengths; with P0 = 0 there is no predict block and nothing adapts). A cycle whose predict block began
-on the ramp (spacing < correct_every) moves nothing: its losses come from early training, when the
-loss falls fast and r is biased low (with them the lengths drifted to F = 5-9, P = 50-80 on digits,
-and the accuracy fell by 1.0 pp over seeds 0-19).
+The lengths stay within F in [max(1, F0 // 2), 2 F0] and P in [max(1, P0 // 2), 2 P0] (F0, P0 =
+configured lengths; with P0 = 0 there is no predict block and nothing adapts). A cycle whose predict
+block began on the ramp (spacing < correct_every) moves nothing: its losses come from early training,
+when the loss falls fast and r is biased low (counting them let the lengths drift and cost accuracy).
 :meth:`PhaseTrainer.reset` restores the configured lengths (and everything else).
 """
 from __future__ import annotations

@@ -16,10 +16,7 @@ epoch's) through one :meth:`FusedStep.predict_block` call (:meth:`PhaseStepper.b
 by :meth:`PhaseTrainer.predict_block_run`): PREDICT steps, CORRECT steps (each folded into the
 predictor inside the kernel), and on the steps that log a metrics row a forward pass for a
 PREDICT step's loss and the row's numbers, which the loop turns into rows after the call. Each
-gives the numbers of one :meth:`PhaseStepper.step` per step. Measured on digits (seeds 0, 2, 3,
-7, the same numbers every way): going on past CORRECT steps (with smaller trims of the Python
-around the call) made a phase run 6-7% faster than one call per stretch ending at a CORRECT step or
-a row, and logging the rows inside the call 3-7% faster again.
+gives the numbers of one :meth:`PhaseStepper.step` per step (tested bit-identical).
 PREDICT steps read no batch, so a block run may end on an epoch's last, partial batch. A PREDICT
 step made alone (:meth:`PhaseStepper.step` with a FusedStep) is a one-step
 :meth:`PhaseTrainer.predicted_steps` call, its forward pass (if the loss is needed) as its

@@ -163,11 +163,6 @@ class ParamLayout:
             raise NonFiniteError(f"{what}{bad}: contains NaN or inf", f"gradient of {', '.join(bad)}")
         return flat
 
-    @property
-    def shapes_by_name(self) -> dict[str, tuple]:
-        """name -> shape."""
-        return dict(zip(self.names, self.shapes))
-
     def views(self, flat: np.ndarray) -> dict[str, np.ndarray]:
         """name -> view of ``flat`` (n,) with the parameter's shape (shares memory)."""
         o = self.offsets
