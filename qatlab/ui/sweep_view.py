@@ -44,6 +44,7 @@ REFRESH_SECONDS = 1.0
 STORED_REFRESH_SECONDS = 5.0     # a sweep another process runs: re-read the store this often
 MAX_CURVES = 10
 PREFERRED_METRICS = ("test_accuracy", "test_loss", "train_loss", "train_accuracy")
+TABLE_METRICS = ("test_accuracy", "test_loss", "train_loss", "steps", "steps_per_second")
 FIXED_COLUMNS = ["name", "status", "progress", "seed"]
 TAIL_COLUMNS = ["seconds", "worker", "message", "run_id"]
 
@@ -437,7 +438,9 @@ class SweepView(LiveView):
         self._data_key = tuple(k[:2] + k[3:] for k in key)     # what the charts draw: progress aside
         self.rows = rows
         axes = self._axes(rows)
-        columns = FIXED_COLUMNS + [a for a in axes if a != "seed"] + self._metrics(rows) + TAIL_COLUMNS
+        # the table's columns stay the same while a sweep runs (a new column means a new table)
+        metrics = list(TABLE_METRICS) + [m for m in self._metrics(rows) if m not in TABLE_METRICS]
+        columns = FIXED_COLUMNS + self._fields(rows) + metrics + TAIL_COLUMNS
         df = pd.DataFrame([{c: _cell(r.get(c)) for c in columns} for r in rows], columns=columns)
         self._update_table(df)
         self.axes = axes
@@ -448,12 +451,16 @@ class SweepView(LiveView):
             self._choosing = False
         self._redraw_charts()
 
-    def _axes(self, rows: list[dict]) -> list[str]:
-        """The fields that vary between the runs (and ``seed`` when there are several seeds)."""
+    def _fields(self, rows: list[dict]) -> list[str]:
+        """The sweep's dotted fields (its plan's when it runs here, else those its runs carry)."""
         fields = list(self.handle.sweep.points[0].fields) if self._live() and self.handle.sweep.points else []
         for r in rows:
             fields += [k for k in r if k not in fields and k not in _NOT_AXES]
-        fields = [f for f in fields if "." in f]
+        return [f for f in fields if "." in f]
+
+    def _axes(self, rows: list[dict]) -> list[str]:
+        """The fields that vary between the runs (and ``seed`` when there are several seeds)."""
+        fields = self._fields(rows)
         varying = [f for f in fields if len({C.value_text(r.get(f)) for r in rows}) > 1] or fields[:1]
         if len({r.get("seed") for r in rows}) > 1 or not varying:
             varying.append("seed")

@@ -226,13 +226,13 @@ def test_many_runs_select_fast_and_refreshes_add_no_models(store):
     from bokeh.document import Document
 
     from qatlab.ui.sweep_bench import fill_store
-    name = fill_store(store, n=24, rows=5)
+    name = fill_store(store, n=16, rows=5)
     view = view_of(store)
     doc = Document()
     doc.add_root(view.__panel__().get_root(doc))
     view.show_sweep(name)
-    assert view.wait_loaded(60) and len(view.table.value) == 24
-    for how in (lambda: setattr(view.table, "selection", [3, 17, 20]),
+    assert view.wait_loaded(60) and len(view.table.value) == 16
+    for how in (lambda: setattr(view.table, "selection", [3, 9, 15]),
                 lambda: setattr(view.source.selected, "indices", [5]),
                 lambda: setattr(view.heat_source.selected, "indices", [2])):
         start = time.perf_counter()
@@ -240,10 +240,10 @@ def test_many_runs_select_fast_and_refreshes_add_no_models(store):
         assert time.perf_counter() - start < 0.5
     models = len(doc.models)
     metrics = list(view.metric_select.options)
-    for i in range(12):            # refreshes, metric switches and selections: the same Bokeh models, no new ones
+    for i in range(8):             # refreshes, metric switches and selections: the same Bokeh models, no new ones
         view.refresh(force=True)
         view.metric_select.value = metrics[i % len(metrics)]
-        view.select([i % 24, (7 * i) % 24])
+        view.select([i % 16, (7 * i) % 16])
     assert len(doc.models) == models
 
 
