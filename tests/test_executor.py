@@ -172,6 +172,9 @@ def test_run_on_a_worker_streams_rows_and_matches_in_process(client2, store):
     assert record.final["test_accuracy"] == ref.final["test_accuracy"]
     np.testing.assert_array_equal(result.model.flat_params(), ref.model.flat_params())
     np.testing.assert_array_equal(store.load_model(run.id).flat_params(), ref.model.flat_params())
+    run.release()                            # the model leaves this process; the store keeps it
+    assert run.result().model is None and run.result().final == result.final
+    np.testing.assert_array_equal(store.load_model(run.id).flat_params(), ref.model.flat_params())
 
 
 @pytest.mark.slow

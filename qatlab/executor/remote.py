@@ -253,6 +253,13 @@ class RemoteRun(RunProgress):
         """The RunResult once the run has ended (None before): history, final, model, status, message."""
         return self._result
 
+    def release(self) -> None:
+        """Drop an ended run's model from this process (history, final metrics and the stored model
+        stay: ``store.load_model(run.id)``); no-op while the run is active."""
+        with self._lock:
+            if self.status in DONE and self._result is not None:
+                self._result.model = None
+
     def __repr__(self) -> str:
         return f"RemoteRun({self.id!r}, status={self.status!r}, steps={self.steps_done}/{self.total_steps})"
 
