@@ -166,9 +166,9 @@ def label_metric(parallel, heatmap, names: list[str]) -> None:
     metric = names[-1]
     parallel.title.text = f"Runs across the axes (colour: {metric})"
     parallel.xaxis.major_label_overrides = {i: name for i, name in enumerate(names)}
-    parallel.select_one({"name": "sweep-parallel-colorbar"}).title = metric
+    parallel.right[0].title = metric                  # (the colour bar; looked up directly: select() walks every model)
     heatmap.title.text = f"Mean {metric} (hover: spread over seeds)"
-    hover = heatmap.select_one(HoverTool)
+    hover = next(t for t in heatmap.toolbar.tools if isinstance(t, HoverTool))
     hover.tooltips = [(f"mean {metric}", t[1]) if t[0].startswith("mean ") else t for t in hover.tooltips]
 
 

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 REFRESH_SECONDS = 1.0
 STORED_REFRESH_SECONDS = 5.0     # a sweep another process runs: re-read the store this often
 MAX_CURVES = 10
+RECORD_CACHE = 8
 PREFERRED_METRICS = ("test_accuracy", "test_loss", "train_loss", "train_accuracy")
 TABLE_METRICS = ("test_accuracy", "test_loss", "train_loss", "steps", "steps_per_second")
 FIXED_COLUMNS = ["name", "status", "progress", "seed"]
@@ -141,6 +142,7 @@ class SweepView(LiveView):
         self._stored_at: dict = {}             # sweep id -> when they were read (monotonic)
         self._loading: set = set()
         self._sweeps: list[tuple[str, int]] | None = None
+        self._records: dict = {}               # run id -> RunRecord, the last RECORD_CACHE asked
         self._build_widgets()
         self._build_charts()
         self._layout = self._compose()
@@ -618,7 +620,7 @@ class SweepView(LiveView):
             text = "Select two runs to see how their configs differ."
         else:
             try:
-                a, b = (self.store.get(i) for i in ids)
+                a, b = (self._record(i) for i in ids)
                 diff = config_diff(a.config_dict, b.config_dict)
             except KeyError:
                 diff = None
@@ -632,6 +634,14 @@ class SweepView(LiveView):
                 text = "\n".join(lines)
         if self.diff.object != text:
             self.diff.object = text
+
+    def _record(self, run_id: str):
+        """The store's record of a run, kept for the last few asked (a diff per click re-reads none)."""
+        record = self._records.pop(run_id, None) or self.store.get(run_id)
+        self._records[run_id] = record
+        while len(self._records) > RECORD_CACHE:
+            self._records.pop(next(iter(self._records)))
+        return record
 
     # ------------------------------------------------------------------ curves
 
