@@ -9,6 +9,8 @@ import pytest
 
 from qatlab.bench_dashboard import ROOT, AppServer, DashboardPage, wait_for
 
+SCREENSHOT = ROOT / "assets" / "sweeps.png"      # the README's picture of the Sweeps tab
+
 # The page's state as the browser holds it: rows of the sweep table's source, the runs source's
 # selection (the charts' highlight), and the heatmap's selected cells.
 _JS_STATE = """() => {
@@ -58,7 +60,7 @@ def _tab(dash, name: str) -> None:
 @pytest.mark.browser
 @pytest.mark.slow
 def test_define_start_fill_and_select_in_the_sweeps_tab(chromium, sweep_server):
-    context = chromium.new_context(viewport={"width": 1400, "height": 1000})
+    context = chromium.new_context(viewport={"width": 1400, "height": 1600})   # (tall: the screenshot shows the charts)
     try:
         dash = DashboardPage(context.new_page(), sweep_server.url)
         dash.open(timeout=90)
@@ -87,6 +89,7 @@ def test_define_start_fill_and_select_in_the_sweeps_tab(chromium, sweep_server):
         wait_for(lambda: state()["chart_selected"] == [2], 10, "the ticked row highlighted in the charts")
         s = state()
         assert s["table_selected"] == [2] and len(s["heat_selected"]) == 1
+        dash.page.screenshot(path=str(SCREENSHOT))
         dash.click("Open these runs")
         wait_for(lambda: dash.model_names("fig-sweep-loss") == ["fig-sweep-loss"], 20, "the run's curves")
         assert dash.console_errors == []
