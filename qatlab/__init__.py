@@ -28,7 +28,7 @@ from .metrics import MetricsLog
 from .quant import (FakeQuantize, MinMaxObserver, MovingAverageMinMaxObserver, TernaryQuantizer,
                     ternary_dequantize, ternary_quantize)
 from . import data
-from .runs import Run, RunResult, compare_ste, run_experiment, start_ste_comparison
+from .runs import LocalRun, RunResult, compare_ste, run_experiment, start_ste_comparison
 from .nn import Cnn, CnnGradients, CnnScratch, Conv2d, Flatten, Gradients, Linear, MaxPool2d, Mlp, Scratch
 from .nn.export import ExportedModel, load_exported
 from .nn.summary import ModelSummary, summary
@@ -44,10 +44,10 @@ from .store import RunRecord, RunStore
 
 
 def __getattr__(name: str):
-    """The executor (connect, shutdown, RemoteRun) imports Dask, about a second: loaded on first use."""
-    if name in ("connect", "shutdown", "RemoteRun"):
+    """The executor (connect, shutdown, Run = RemoteRun) imports Dask, about a second: loaded on first use."""
+    if name in ("connect", "shutdown", "RemoteRun", "Run"):
         from . import executor
-        return getattr(executor, name)
+        return executor.RemoteRun if name == "Run" else getattr(executor, name)
     raise AttributeError(f"module 'qatlab' has no attribute {name!r}")
 
 # Sweeps: grid/random points x seeds on the executor (making a Sweep loads Dask, for its checks).

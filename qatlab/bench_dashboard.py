@@ -15,7 +15,7 @@ on the same cores as the server; its rendering load is part of what is measured.
       pressing ``Compare STE kinds`` (the config typed into the sidebar, :func:`set_page_config`: the
       page's own default is the mnist CNN, the bench's config the digits MLP of earlier sessions).
       Throughput of a condition =
-      total steps of its four runs / (last finish - first start), from the server's own Run
+      total steps of its four runs / (last finish - first start), from the server's own LocalRun
       timestamps. The page's runs are checked to have exactly the headless config. Rounds
       alternate; the goal uses the median of the per-round ratios (page / headless).
     * Updates per second: during each page round a 20 ms ``setInterval`` in the page polls the
@@ -224,7 +224,7 @@ class AppServer:
                 time.sleep(0.2)
 
     def runs(self, ids=None, config: bool = False) -> dict[str, dict]:
-        """``{run id: run dict}`` of every Run in the server process (only ``ids``, when given);
+        """``{run id: run dict}`` of every LocalRun in the server process (only ``ids``, when given);
         with their config dicts only when ``config`` (see :func:`_inspector_state`)."""
         query = f"?config={int(config)}" + (f"&ids={','.join(ids)}" if ids is not None else "")
         return {r["id"]: r for r in self.inspect("/state" + query)["runs"]}

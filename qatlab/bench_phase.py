@@ -20,7 +20,7 @@ correction), which separates "stale gradient" from "extrapolation" in the predic
 learned gain does for accuracy.
 
 Each configuration is trained ``--repeats`` times (7; quick: 3), interleaved round-robin after one untimed
-1-epoch warm-up of each, through ``ql.Run`` (= ``ql.run_experiment`` plus access to the run's
+1-epoch warm-up of each, through ``ql.LocalRun`` (= ``ql.run_experiment`` plus access to the run's
 log metadata). Training is deterministic, so accuracy is identical across repeats (checked;
 reported in the ``deterministic`` field). Columns:
 
@@ -69,7 +69,7 @@ from .benchkit import BenchOptions, Column, Goal, SuiteResult, Table, measure_ma
 from .data import load_dataset
 from .nn import cross_entropy_loss
 from .optim import make_optimizer
-from .runs import Run
+from .runs import LocalRun
 from .train.build import build_model
 from .train.experiment import layer_row
 from .train.predictors import make_predictor
@@ -190,8 +190,8 @@ def variant_config(base: C.ExperimentConfig, variant: Variant, epochs: int | Non
 # ----------------------------------------------------------------------------- one training
 
 def train_once(cfg: C.ExperimentConfig) -> dict[str, Any]:
-    """Train ``cfg`` once (``ql.Run``, joined) and return the numbers the tables need."""
-    run = Run(cfg, name="bench-phase")
+    """Train ``cfg`` once (``ql.LocalRun``, joined) and return the numbers the tables need."""
+    run = LocalRun(cfg, name="bench-phase")
     run.start()
     run.join()
     res = run.result
@@ -208,7 +208,7 @@ def train_once(cfg: C.ExperimentConfig) -> dict[str, Any]:
            "history_cosine_pos_share": float(np.mean(cos > 0)) if cos.size else math.nan,
            "history_cosine_median": float(np.median(cos)) if cos.size else math.nan,
            "phase_stats": dict(run.log.meta.get("phase_stats") or {})}
-    res.model = None      # the registry keeps the Run; drop the weights it no longer needs
+    res.model = None      # the registry keeps the LocalRun; drop the weights it no longer needs
     return out
 
 

@@ -1,6 +1,6 @@
 """RunProgress: how far a run is, from its step counts and wall-clock times.
 
-Shared by the in-process :class:`~qatlab.runs.Run` and the Dask
+Shared by the in-process :class:`~qatlab.runs.LocalRun` and the Dask
 :class:`~qatlab.executor.RemoteRun`, which fill ``steps_done``, ``total_steps``, ``started_at``
 and ``finished_at`` (``time.time()``, None until they happen) each in their own way. Time spent
 paused (``_pause_began``/``_pause_ended``) does not count as elapsed, so the rate and ETA hold

@@ -1,6 +1,6 @@
 """Runs: an experiment training in a background thread, the process-wide registry, compare_ste().
 
-A :class:`Run` snapshots its config, trains in a daemon thread and writes rows
+A :class:`LocalRun` snapshots its config, trains in a daemon thread and writes rows
 into its :class:`~qatlab.metrics.MetricsLog`; views read the log and call only
 ``start/stop/pause/resume``. Kernels release the GIL, so several runs train at
 once. Status moves ``created -> running (<-> paused) -> finished | stopped |
@@ -8,10 +8,10 @@ diverged | failed``; a diverging loss or an exception never escapes the thread: 
 is a numeric blow-up, ``failed`` a bug, whose message is one line (``TypeName: why``) while the
 traceback goes to the ``qatlab.runs`` logger.
 
-Memory: an ended run keeps its model and last weight snapshot until :meth:`Run.release` (or
+Memory: an ended run keeps its model and last weight snapshot until :meth:`LocalRun.release` (or
 :func:`release_ended`, called as each registered run ends, keeping the :data:`KEEP_MODELS`
 latest); its log, final metrics and config stay. :func:`delete_run` removes a run from the
-registry. Who may change a run from a page: :meth:`Run.may_change`.
+registry. Who may change a run from a page: :meth:`LocalRun.may_change`.
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ class RunResult:
 
 
 class RunControl:
-    """Stop/pause flags shared by a Run and its training loop."""
+    """Stop/pause flags shared by a LocalRun and its training loop."""
 
     def __init__(self):
         self.stop_requested = threading.Event()
@@ -85,30 +85,30 @@ class RunControl:
 
 
 _ids = itertools.count(1)
-_registry: list["Run"] = []
+_registry: list["LocalRun"] = []
 _registry_lock = threading.Lock()
 
 
-def all_runs() -> list["Run"]:
-    """Every Run created in this process, oldest first."""
+def all_runs() -> list["LocalRun"]:
+    """Every LocalRun created in this process, oldest first."""
     with _registry_lock:
         return list(_registry)
 
 
-def get_run(run_id: str) -> "Run":
-    """The Run with this id; ``KeyError`` if none."""
+def get_run(run_id: str) -> "LocalRun":
+    """The LocalRun with this id; ``KeyError`` if none."""
     for run in all_runs():
         if run.id == run_id:
             return run
     raise KeyError(f"run_id: no run {run_id!r}")
 
 
-def delete_run(run) -> "Run":
-    """Remove ``run`` (a Run or a run id) from the registry and return it; ``KeyError`` if not listed.
+def delete_run(run) -> "LocalRun":
+    """Remove ``run`` (a LocalRun or a run id) from the registry and return it; ``KeyError`` if not listed.
 
     An active run is stopped first; its model is released once it has ended (at once if it has)."""
-    if not isinstance(run, (Run, str)):
-        raise TypeError(f"run: expected a Run or a run id, got {type(run).__name__}")
+    if not isinstance(run, (LocalRun, str)):
+        raise TypeError(f"run: expected a LocalRun or a run id, got {type(run).__name__}")
     with _registry_lock:
         found = next((r for r in _registry if r is run or r.id == run), None)
         if found is None:
@@ -124,7 +124,7 @@ def delete_run(run) -> "Run":
     return found
 
 
-def release_ended(keep: int = KEEP_MODELS) -> list["Run"]:
+def release_ended(keep: int = KEEP_MODELS) -> list["LocalRun"]:
     """Release the models of the registry's ended runs except the ``keep`` that ended last; returns
     the runs released now."""
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
@@ -136,7 +136,7 @@ def release_ended(keep: int = KEEP_MODELS) -> list["Run"]:
     return old
 
 
-class Run(RunProgress):
+class LocalRun(RunProgress):
     """One experiment in a background thread.
 
     Args:
@@ -205,7 +205,7 @@ class Run(RunProgress):
 
     # ------------------------------------------------------------------ control
 
-    def start(self) -> "Run":
+    def start(self) -> "LocalRun":
         """Begin training in a daemon thread; returns self. A run starts once (a second call,
         from any thread, raises ``RuntimeError``); a run stopped before it started stays
         stopped (the call does nothing)."""
@@ -306,7 +306,7 @@ class Run(RunProgress):
         return row
 
     def __repr__(self) -> str:
-        return f"Run({self.id!r}, status={self.status!r}, steps={self.steps_done}/{self.total_steps})"
+        return f"LocalRun({self.id!r}, status={self.status!r}, steps={self.steps_done}/{self.total_steps})"
 
 
 def run_experiment(config: ExperimentConfig) -> RunResult:
@@ -314,7 +314,7 @@ def run_experiment(config: ExperimentConfig) -> RunResult:
 
     Training runs on a worker thread (not listed in ``all_runs()``); Ctrl-C stops it cleanly.
     """
-    run = Run(config, register=False)
+    run = LocalRun(config, register=False)
     run.start()
     _join_or_stop([run])
     if run.result is None:
@@ -337,8 +337,8 @@ def _join_or_stop(runs) -> None:
 
 
 def start_ste_comparison(config: ExperimentConfig, kinds=None, owner: str | None = None,
-                         group: str | None = None, register: bool = True, start: bool = True) -> dict[SteKind, Run]:
-    """Start one Run per SteKind (same seed and data; only ``quant.ste`` differs), concurrently.
+                         group: str | None = None, register: bool = True, start: bool = True) -> dict[SteKind, LocalRun]:
+    """Start one LocalRun per SteKind (same seed and data; only ``quant.ste`` differs), concurrently.
 
     kinds: None (all four), one SteKind/name, or a list of them. ``start=False`` returns the runs
     created but not started (call ``run.start()`` on each, e.g. once a view shows them).
@@ -355,7 +355,7 @@ def start_ste_comparison(config: ExperimentConfig, kinds=None, owner: str | None
         cfg = config.copy()
         cfg.quant.ste = kind.value
         name = f"{group + ' ' if group else ''}{kind.value}"
-        runs[kind] = Run(cfg, name=name, owner=owner, register=register)
+        runs[kind] = LocalRun(cfg, name=name, owner=owner, register=register)
     if start:
         for run in runs.values():
             run.start()

@@ -206,7 +206,7 @@ def test_experiment_validate_checks_every_nested_config(edit, match):
 def test_run_rejects_invalid_config_before_training():
     cfg = ExperimentConfig(model=ModelConfig(hidden=[0]))
     with pytest.raises(ValueError, match=r"ModelConfig\.hidden"):
-        ql.Run(cfg)
+        ql.LocalRun(cfg)
 
 
 # ----------------------------------------------------------------------------- dicts and copies

@@ -1,4 +1,4 @@
-"""Run (background thread): status transitions, stop/pause/resume/join, diverged and failed runs that
+"""LocalRun (background thread): status transitions, stop/pause/resume/join, diverged and failed runs that
 leave the process fine, weight snapshots, summary rows, the registry, run_experiment and compare_ste."""
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def stopper():
 # ----------------------------------------------------------------------------- lifecycle
 
 def test_run_finishes_with_result_log_and_progress():
-    run = ql.Run(tiny(), name="tiny one")
+    run = ql.LocalRun(tiny(), name="tiny one")
     assert run.status == "created" and not run.done and run.progress == 0.0 and run.elapsed == 0.0
     assert run.join() is True                                  # never started: nothing to wait for
     assert run.start() is run
@@ -77,7 +77,7 @@ def test_run_finishes_with_result_log_and_progress():
 
 def test_run_snapshots_its_config():
     cfg = tiny()
-    run = ql.Run(cfg)
+    run = ql.LocalRun(cfg)
     cfg.optim.lr = 0.5
     cfg.model.hidden.append(3)
     assert run.config is not cfg and run.config.optim.lr == 0.05 and run.config.model.hidden == [16]
@@ -86,21 +86,21 @@ def test_run_snapshots_its_config():
 def test_run_rejects_bad_arguments_without_registering():
     n = len(all_runs())
     with pytest.raises(TypeError, match="config"):
-        ql.Run({"optim": {"lr": 0.1}})
+        ql.LocalRun({"optim": {"lr": 0.1}})
     with pytest.raises(ValueError, match=r"DataConfig\.path"):
-        ql.Run(ql.ExperimentConfig(data=ql.DataConfig(dataset="file")))
+        ql.LocalRun(ql.ExperimentConfig(data=ql.DataConfig(dataset="file")))
     assert len(all_runs()) == n
 
 
 def test_start_twice_raises():
-    run = ql.Run(tiny(epochs=1)).start()
+    run = ql.LocalRun(tiny(epochs=1)).start()
     with pytest.raises(RuntimeError, match="already started"):
         run.start()
     assert run.join(30) and run.status == "finished"
 
 
 def test_start_from_eight_threads_starts_one_training_thread(stopper):
-    run = ql.Run(endless())
+    run = ql.LocalRun(endless())
     stopper(run)
     barrier = threading.Barrier(8)
     outcomes = []
@@ -125,7 +125,7 @@ def test_start_from_eight_threads_starts_one_training_thread(stopper):
 
 
 def test_registry_lists_runs_in_order_and_finds_them_by_id():
-    a, b = ql.Run(tiny()), ql.Run(tiny())
+    a, b = ql.LocalRun(tiny()), ql.LocalRun(tiny())
     runs = all_runs()
     assert runs.index(a) < runs.index(b) and a.id != b.id
     assert get_run(a.id) is a and get_run(b.id) is b
@@ -135,7 +135,7 @@ def test_registry_lists_runs_in_order_and_finds_them_by_id():
 
 
 def test_summary_row():
-    run = ql.Run(tiny(weights="ternary")).start()
+    run = ql.LocalRun(tiny(weights="ternary")).start()
     run.join(30)
     row = run.summary()
     assert list(row) == ["id", "name", "status", "progress", "steps", "seconds", "train_loss", "test_loss",
@@ -145,12 +145,12 @@ def test_summary_row():
     assert row["dataset"] == "synthetic" and row["hidden"] == "16" and row["weights"] == "ternary"
     assert row["test_accuracy"] == run.result.final["test_accuracy"] and row["phase"] is False
     json.dumps(row)
-    fresh = ql.Run(tiny()).summary()
+    fresh = ql.LocalRun(tiny()).summary()
     assert fresh["status"] == "created" and np.isnan(fresh["test_accuracy"]) and fresh["steps"] == 0
 
 
 def test_weight_snapshot_appears_with_latent_and_quantized_copies(stopper):
-    run = ql.Run(endless("ternary"))
+    run = ql.LocalRun(endless("ternary"))
     stopper(run)
     assert run.weight_snapshot() is None
     run.start()
@@ -168,7 +168,7 @@ def test_weight_snapshot_appears_with_latent_and_quantized_copies(stopper):
 # ----------------------------------------------------------------------------- control
 
 def test_stop_ends_a_running_run(stopper):
-    run = ql.Run(endless())
+    run = ql.LocalRun(endless())
     stopper(run)
     run.start()
     wait_for(lambda: run.steps_done > 5, what="steps")
@@ -183,7 +183,7 @@ def test_stop_ends_a_running_run(stopper):
 def test_stop_before_start_stops_at_once_and_start_does_nothing():
     """E.g. a comparison's session closes before the page drew its figures: the runs must not
     stay "created" forever, nor start later."""
-    run = ql.Run(tiny())
+    run = ql.LocalRun(tiny())
     run.stop()
     assert run.status == "stopped" and run.message == "stopped before it started" and run.done
     assert run.start() is run and run.status == "stopped" and run._thread is None
@@ -191,7 +191,7 @@ def test_stop_before_start_stops_at_once_and_start_does_nothing():
 
 
 def test_pause_holds_steps_and_resume_continues(stopper):
-    run = ql.Run(endless())
+    run = ql.LocalRun(endless())
     stopper(run)
     run.resume()                                               # no-op before start
     run.pause()
@@ -215,7 +215,7 @@ def test_pause_holds_steps_and_resume_continues(stopper):
 
 
 def test_stop_while_paused(stopper):
-    run = ql.Run(endless())
+    run = ql.LocalRun(endless())
     stopper(run)
     run.start()
     wait_for(lambda: run.steps_done > 0, what="steps")
@@ -226,7 +226,7 @@ def test_stop_while_paused(stopper):
 
 
 def test_join_timeout_returns_false_while_running(stopper):
-    run = ql.Run(endless())
+    run = ql.LocalRun(endless())
     stopper(run)
     run.start()
     assert run.join(0.05) is False and run.status in ACTIVE
@@ -257,7 +257,7 @@ def test_pause_resume_racing_the_end_never_leaves_a_stale_status():
                                   optim=ql.OptimConfig(epochs=1, batch_size=32))
         statuses = []
         for _ in range(30):
-            run = ql.Run(cfg).start()
+            run = ql.LocalRun(cfg).start()
             while run._thread.is_alive():
                 run.pause()
                 run.resume()
@@ -274,7 +274,7 @@ def test_pause_resume_racing_the_end_never_leaves_a_stale_status():
 def test_diverging_run_reports_diverged_and_process_carries_on():
     cfg = tiny(optimizer="sgd", lr=1e3)
     cfg.optim.loss = "mse"
-    run = ql.Run(cfg).start()
+    run = ql.LocalRun(cfg).start()
     assert run.join(30)
     assert run.status == "diverged" and run.done
     assert " became " in run.message and "step" in run.message   # the loss, a gradient or a parameter
@@ -305,7 +305,7 @@ def test_corrupt_file_fails_with_one_line_and_logs_the_traceback(tmp_path, caplo
     cfg = tiny()
     cfg.data.dataset, cfg.data.path = "file", str(bad)
     caplog.set_level(logging.ERROR, logger="qatlab.runs")
-    run = ql.Run(cfg).start()
+    run = ql.LocalRun(cfg).start()
     assert run.join(30)
     assert run.status == "failed" and run.done and run.result is None
     assert "\n" not in run.message and len(run.message) <= MESSAGE_LIMIT
@@ -333,7 +333,7 @@ def test_exception_mid_training_fails_and_keeps_rows(monkeypatch, caplog):
 
     monkeypatch.setattr(experiment, "_layer_row", flaky)
     caplog.set_level(logging.ERROR, logger="qatlab.runs")
-    run = ql.Run(tiny()).start()
+    run = ql.LocalRun(tiny()).start()
     assert run.join(30)
     assert run.status == "failed" and run.message.startswith("RuntimeError: boom in layer_row second line xxx")
     assert len(run.message) == MESSAGE_LIMIT and run.message.endswith("\u2026")   # shortened, one line
@@ -405,7 +405,7 @@ def test_small_log_capacity_keeps_epoch_metrics():
     cfg = ql.ExperimentConfig(data=ql.DataConfig(dataset="digits"), model=ql.ModelConfig(hidden=[16]),
                               quant=ql.QuantConfig(weights="float"), optim=ql.OptimConfig(epochs=6, batch_size=64),
                               metrics_every=1)
-    run = ql.Run(cfg, log_capacity=16).start()
+    run = ql.LocalRun(cfg, log_capacity=16).start()
     assert run.join(30) and run.status == "finished"
     assert len(run.log) <= 16
     assert np.isfinite(run.result.history.get("test_accuracy", np.array([]))).any()
@@ -452,7 +452,7 @@ def test_start_ste_comparison_can_leave_the_runs_unstarted():
 def test_training_paused_stops_steps_until_the_block_ends_and_nests():
     from qatlab.train import experiment
 
-    run = ql.Run(tiny("ternary", epochs=400)).start()
+    run = ql.LocalRun(tiny("ternary", epochs=400)).start()
     try:
         wait_for(lambda: run.steps_done > 0, timeout=10.0, what="a first step")
         with experiment.training_paused():
@@ -472,7 +472,7 @@ def test_training_paused_stops_steps_until_the_block_ends_and_nests():
 # ----------------------------------------------------------------------------- rename, delete, release, ownership
 
 def test_name_is_settable_and_validated():
-    run = ql.Run(tiny(), name="  first  ")
+    run = ql.LocalRun(tiny(), name="  first  ")
     assert run.name == "first"
     run.name = "second try"
     assert run.name == "second try" and run.summary()["name"] == "second try"
@@ -482,21 +482,21 @@ def test_name_is_settable_and_validated():
     with pytest.raises(TypeError, match="name: expected a str"):
         run.name = 5
     with pytest.raises(ValueError, match="name"):
-        ql.Run(tiny(), name="")
+        ql.LocalRun(tiny(), name="")
     assert run.name == "second try"                            # refused values change nothing
 
 
 def test_delete_removes_from_the_registry_and_stops_an_active_run():
-    ended = ql.Run(tiny()).start()
+    ended = ql.LocalRun(tiny()).start()
     assert ended.join(30) and ended.result.model is not None
     assert delete_run(ended.id) is ended
     assert ended not in all_runs() and ended.released and ended.result.model is None
     assert ended.result.final and len(ended.log) > 0           # history and final metrics stay
     with pytest.raises(KeyError, match="run"):
         delete_run(ended.id)
-    with pytest.raises(TypeError, match="run: expected a Run or a run id"):
+    with pytest.raises(TypeError, match="run: expected a LocalRun or a run id"):
         delete_run(3)
-    active = ql.Run(endless()).start()
+    active = ql.LocalRun(endless()).start()
     wait_for(lambda: active.steps_done > 0, what="steps")
     delete_run(active)
     assert active not in all_runs()
@@ -506,7 +506,7 @@ def test_delete_removes_from_the_registry_and_stops_an_active_run():
 
 
 def test_release_drops_model_and_snapshot_but_keeps_history(stopper):
-    run = ql.Run(endless())
+    run = ql.LocalRun(endless())
     stopper(run)
     with pytest.raises(RuntimeError, match="only an ended run"):
         run.release()
@@ -526,7 +526,7 @@ def test_release_drops_model_and_snapshot_but_keeps_history(stopper):
 
 
 def test_ended_runs_beyond_keep_models_are_released_automatically():
-    runs = [ql.Run(tiny(epochs=1)) for _ in range(KEEP_MODELS + 3)]
+    runs = [ql.LocalRun(tiny(epochs=1)) for _ in range(KEEP_MODELS + 3)]
     for run in runs:                                           # one after another: a clear order of ending
         run.start()
         assert run.join(30) and run.status == "finished"
@@ -541,9 +541,9 @@ def test_ended_runs_beyond_keep_models_are_released_automatically():
 
 
 def test_may_change_own_runs_always_other_runs_once_ended(stopper):
-    mine = ql.Run(endless(), owner="page-a")
+    mine = ql.LocalRun(endless(), owner="page-a")
     stopper(mine)
-    cli = ql.Run(endless())                                    # a notebook's or the command line's run
+    cli = ql.LocalRun(endless())                                    # a notebook's or the command line's run
     stopper(cli)
     assert mine.may_change("page-a") and not mine.may_change("page-b")
     assert not cli.may_change("page-a") and not cli.may_change(None)

@@ -114,7 +114,7 @@ def test_progress_text_says_compiling_instead_of_loss_nan(monkeypatch):
     from qatlab.ui.run_view import progress_text
 
     monkeypatch.setattr(warmup._status, "left", ["a", "b"])
-    run = ql.Run(ql.ExperimentConfig(), register=False)
+    run = ql.LocalRun(ql.ExperimentConfig(), register=False)
     run.status = "running"
     assert progress_text([run]) == (0.0, "compiling kernels... (2 left)")
     assert progress_text([]) == (0.0, "compiling kernels... (2 left)")

@@ -97,7 +97,7 @@ def check_resources(cfg: ExperimentConfig) -> None:
 
 
 class RemoteRun(RunProgress):
-    """One experiment trained on a Dask worker.
+    """One experiment trained on a Dask worker: ``ql.Run`` (``ql.LocalRun`` trains in a thread of this process).
 
     Args:
         config: an ExperimentConfig (validated and copied).
@@ -128,7 +128,7 @@ class RemoteRun(RunProgress):
         self.sweep_id, self.point = sweep_id, point
         self.id: str | None = None          # the store's run id, from start()
         self.log = MetricsLog()
-        self.log.meta["config"] = self.config.to_dict()    # (as ql.Run's; the worker adds sizes, total_steps)
+        self.log.meta["config"] = self.config.to_dict()    # (as LocalRun's; the worker adds sizes, total_steps)
         self.status, self.message = "created", ""
         self.worker: str | None = None      # the worker's address once it started the run
         self.worker_pid: int | None = None

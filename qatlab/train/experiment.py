@@ -1,4 +1,4 @@
-"""The generic QAT training loop behind ``run_experiment`` and ``Run``.
+"""The generic QAT training loop behind ``run_experiment`` and ``LocalRun``.
 
 One step: gather a batch (seeded shuffle), forward through the quantized model,
 loss writes dL/dy, backward (STE to latent weights), optional clipping, optimizer

@@ -36,7 +36,7 @@ Plumbing: :mod:`~qatlab.ui.streaming` (log rows -> sources), :mod:`~qatlab.ui.fi
 factories), :mod:`~qatlab.ui.ranges` (server-fitted axis ranges), :mod:`~qatlab.ui.render_patch`
 (BokehJS repaint hot spots patched in the page), :mod:`~qatlab.ui.theme` (air-gapped template).
 
-Run ids are ``run-0001``, ``run-0002``, ... (``Run.id``). Tabs are ``Overview``,
+Run ids are ``run-0001``, ``run-0002``, ... (``LocalRun.id``). Tabs are ``Overview``,
 ``STE comparison``, ``Quantization``, ``Phases``, ``Runs``; a tab's figures are built and
 enter the page when the tab is opened, and only the open tab's runs are streamed.
 """

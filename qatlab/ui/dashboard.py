@@ -3,7 +3,7 @@
 :class:`Dashboard` wires the views to one :class:`~qatlab.ui.streaming.StreamHub` and
 one :class:`~qatlab.ui.base.PlotOptions`, and is the only place that creates runs:
 
-- ``Start``: ``Run(config, owner=<session id>, keep_alive=<checkbox>)`` shown in Overview,
+- ``Start``: ``LocalRun(config, owner=<session id>, keep_alive=<checkbox>)`` shown in Overview,
   Quantization and Phases;
 - ``Compare STE kinds``: ``start_ste_comparison(config, owner=..., start=False)``, shown in the
   STE tab; the four runs start once the page has drawn its figures (in a server session they are
@@ -37,7 +37,7 @@ import weakref
 import panel as pn
 import param
 
-from ..runs import Run, all_runs, start_ste_comparison
+from ..runs import LocalRun, all_runs, start_ste_comparison
 from ..train.experiment import training_paused
 from . import render_patch
 from .base import PERIOD_MS, PageWatch, PlotOptions, periodic_callback, streaming_tick
@@ -62,7 +62,7 @@ _groups = itertools.count(1)
 DASHBOARDS: "weakref.WeakSet[Dashboard]" = weakref.WeakSet()
 
 
-def _join_and_release(runs: list[Run], timeout: float) -> None:
+def _join_and_release(runs: list[LocalRun], timeout: float) -> None:
     """Join runs a closing page stopped and drop their models (nobody can show them any more)."""
     for run in runs:
         if run.join(timeout) and run.done:
@@ -84,9 +84,9 @@ class Dashboard(pn.viewable.Viewer):
         period: periodic callback period in ms (0 disables streaming; call :meth:`pull` yourself).
     """
 
-    current = param.ClassSelector(class_=Run, default=None, allow_None=True,
-                                  doc="Run shown in Overview, Quantization and Phases.")
-    comparison = param.Dict(default={}, doc="{SteKind: Run} shown in the STE comparison tab.")
+    current = param.ClassSelector(class_=LocalRun, default=None, allow_None=True,
+                                  doc="LocalRun shown in Overview, Quantization and Phases.")
+    comparison = param.Dict(default={}, doc="{SteKind: LocalRun} shown in the STE comparison tab.")
 
     def __init__(self, config=None, owner: str | None = None, period: int = PERIOD_MS, **params):
         super().__init__(**params)
@@ -130,14 +130,14 @@ class Dashboard(pn.viewable.Viewer):
             self.start_streaming(period)
 
     # ------------------------------------------------------------ actions
-    def start_run(self) -> Run | None:
+    def start_run(self) -> LocalRun | None:
         """``Start``: validate the sidebar config and start one run (None if the config is invalid)."""
         with training_paused():   # building the figures: the event loop gets the GIL to itself
             cfg = self.config_panel.validated()
             if cfg is None:
                 return None
             try:
-                run = Run(cfg, owner=self.owner, keep_alive=self.config_panel.keep_alive.value)
+                run = LocalRun(cfg, owner=self.owner, keep_alive=self.config_panel.keep_alive.value)
             except (ValueError, TypeError) as exc:
                 self.config_panel.notify_error(str(exc))
                 return None
@@ -178,7 +178,7 @@ class Dashboard(pn.viewable.Viewer):
             self.ste.when_built(lambda: when_drawn(self.ste.figures.get("loss"), start))
             return runs
 
-    def _active_runs(self) -> list[Run]:
+    def _active_runs(self) -> list[LocalRun]:
         return list(self.status.runs)
 
     def stop(self) -> None:
@@ -197,12 +197,12 @@ class Dashboard(pn.viewable.Viewer):
         for run in self._active_runs():
             run.resume()
 
-    def show(self, run: Run) -> None:
+    def show(self, run: LocalRun) -> None:
         """Show ``run`` in Overview / Quantization / Phases (from the Runs tab)."""
         self.current = run
         self.tabs.active = 0
 
-    def owned_runs(self) -> list[Run]:
+    def owned_runs(self) -> list[LocalRun]:
         """Every run this session started."""
         return [r for r in all_runs() if r.owner == self.owner]
 
@@ -259,9 +259,9 @@ class Dashboard(pn.viewable.Viewer):
         return self._periodic is not None and self._periodic.running
 
     # ------------------------------------------------------------ cleanup
-    def close(self, join_timeout: float | None = JOIN_TIMEOUT) -> list[Run]:
+    def close(self, join_timeout: float | None = JOIN_TIMEOUT) -> list[LocalRun]:
         """Stop streaming and stop owned runs that are not keep-alive; with ``join_timeout``, join
-        them and release their models (:meth:`~qatlab.runs.Run.release`; their history stays).
+        them and release their models (:meth:`~qatlab.runs.LocalRun.release`; their history stays).
 
         Returns the runs that were asked to stop. Idempotent: a second call returns [].
         """

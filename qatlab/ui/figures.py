@@ -1,6 +1,6 @@
 """Bokeh figure factories and the colour conventions every view shares.
 
-Functions here build figures and glyphs only; they never read a Run or a
+Functions here build figures and glyphs only; they never read a LocalRun or a
 MetricsLog. Views pass in the ColumnDataSources they own (see
 :mod:`qatlab.ui.streaming`) and the x field (``"step"`` or ``"time"``).
 

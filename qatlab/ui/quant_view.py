@@ -1,6 +1,6 @@
 """Quantization tab: per-layer latent vs quantized weight histograms, and quantizer state over time.
 
-Histograms come from ``Run.weight_snapshot()`` (copies the training loop publishes
+Histograms come from ``LocalRun.weight_snapshot()`` (copies the training loop publishes
 about twice a second); they are recomputed only when a new snapshot appears.
 Sources ``hist-latent-layer<i>`` / ``hist-quant-layer<i>`` (columns left, right,
 count) feed figures ``fig-hist-latent-<i>`` / ``fig-hist-quant-<i>``.
@@ -20,7 +20,7 @@ import panel as pn
 import param
 from bokeh.models import ColumnDataSource, Range1d
 
-from ..runs import Run
+from ..runs import LocalRun
 from . import figures as F
 from .base import LiveView, bokeh_pane
 from .streaming import n_layers_of
@@ -78,9 +78,9 @@ def describe_quant(q) -> str:
 class QuantView(LiveView):
     """Per-layer weight histograms (live) and quantizer statistics over time for one run."""
 
-    run = param.ClassSelector(class_=Run, default=None, allow_None=True, doc="The run shown.")
+    run = param.ClassSelector(class_=LocalRun, default=None, allow_None=True, doc="The run shown.")
 
-    def __init__(self, run: Run | None = None, hub=None, options=None, lazy: bool = False, **params):
+    def __init__(self, run: LocalRun | None = None, hub=None, options=None, lazy: bool = False, **params):
         super().__init__(hub, options, lazy, **params)
         self.figures: dict = {}
         self.hist_sources: dict[str, ColumnDataSource] = {}

@@ -1,6 +1,6 @@
 """Runs tab: every run of this server process, overlay of the selected ones, CSV/JSON downloads.
 
-- ``pn.widgets.Tabulator`` (CSS class ``qatlab-runs-table``): one ``Run.summary()`` row per run in
+- ``pn.widgets.Tabulator`` (CSS class ``qatlab-runs-table``): one ``LocalRun.summary()`` row per run in
   ``qatlab.runs.all_runs()`` (runs belong to the process and survive page reloads) with its
   weight bits (``4-bit`` / ``ternary`` / ``float``), activations, per channel, scale mode and batch;
   checkbox selection, refreshed about once a second.
@@ -12,7 +12,7 @@
   ``Stop selected``, ``Rename`` (the one selected run, to the text in ``New name``) and
   ``Delete selected``.
 
-Ownership (:meth:`qatlab.runs.Run.may_change`): a page stops, renames or deletes the runs it
+Ownership (:meth:`qatlab.runs.LocalRun.may_change`): a page stops, renames or deletes the runs it
 started; runs of other pages, notebooks and the command line are read-only while they are
 active (the column ``started by`` says whose a run is; the buttons are disabled for them, and a
 press that gets through anyway is refused with a message in the alert ``qatlab-runs-message``).
@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import panel as pn
 
-from ..runs import NAME_LIMIT, Run, all_runs, checked_name, delete_run
+from ..runs import NAME_LIMIT, LocalRun, all_runs, checked_name, delete_run
 from . import figures as F
 from .base import LiveView, bokeh_pane
 
@@ -44,7 +44,7 @@ COLUMNS = ["id", "name", "status", "progress", "steps", "seconds", "train_loss",
            "scale mode", "ste", "optimizer", "lr", "batch", "epochs", "phase", "started by"]
 
 
-def started_by(run: Run, owner) -> str:
+def started_by(run: LocalRun, owner) -> str:
     """Who started ``run``, as the page of ``owner`` sees it (never another session's id)."""
     if owner is not None and run.owner == owner:
         return "this page"
@@ -68,7 +68,7 @@ def quant_columns(config) -> dict:
             "batch": config.optim.batch_size}
 
 
-def run_label(run: Run) -> str:
+def run_label(run: LocalRun) -> str:
     """Legend label: name, weights (with bits), quantized activations, STE."""
     q = run.config.quant
     weights = f"fake {q.weight_bits}-bit" if q.weights == "fake" else q.weights
@@ -76,8 +76,8 @@ def run_label(run: Run) -> str:
     return f"{run.name}: {weights}{acts}, STE {q.ste}"
 
 
-def runs_frame(runs: list[Run], owner=None) -> pd.DataFrame:
-    """One ``Run.summary()`` row per run with its quantization columns (:func:`quant_columns`),
+def runs_frame(runs: list[LocalRun], owner=None) -> pd.DataFrame:
+    """One ``LocalRun.summary()`` row per run with its quantization columns (:func:`quant_columns`),
     plus ``started by`` (:func:`started_by`)."""
     rows = [{**r.summary(), **quant_columns(r.config), "started by": started_by(r, owner)} for r in runs]
     extra = list(dict.fromkeys(k for row in rows for k in row if k not in COLUMNS))
@@ -90,7 +90,7 @@ def _whole(col) -> bool:
     return bool(np.all(finite == np.round(finite)) and np.all(np.abs(finite) < 2**53))
 
 
-def runs_csv(runs: list[Run]) -> str:
+def runs_csv(runs: list[LocalRun]) -> str:
     """Metrics of ``runs`` as one CSV: ``run_id``, ``name``, then the union of their log columns."""
     logs = [(r, r.log.columns()) for r in runs]
     keys: list[str] = []
@@ -113,7 +113,7 @@ def runs_csv(runs: list[Run]) -> str:
     return out.getvalue()
 
 
-def runs_json(runs: list[Run]) -> str:
+def runs_json(runs: list[LocalRun]) -> str:
     """Configs of ``runs`` as JSON: ``{run id: {"name", "status", "config"}}``."""
     return json.dumps({r.id: {"name": r.name, "status": r.status, "config": r.config.to_dict()} for r in runs},
                       indent=2)
@@ -130,7 +130,7 @@ class RunsTable(LiveView):
     """Table of all runs, overlay of the selected ones, and downloads.
 
     Args:
-        on_show: called with a Run when ``Show in overview`` is pressed.
+        on_show: called with a LocalRun when ``Show in overview`` is pressed.
         owner: the page's owner id (its runs are the ones it may change while they run).
     """
 
@@ -191,13 +191,13 @@ class RunsTable(LiveView):
         self.request_rebuild()
 
     # ------------------------------------------------------------ selection
-    def selected_runs(self) -> list[Run]:
+    def selected_runs(self) -> list[LocalRun]:
         """Runs whose rows are ticked, in table order."""
         by_id = {r.id: r for r in all_runs()}
         ids = [self._ids[i] for i in sorted(self.table.selection) if 0 <= i < len(self._ids)]
         return [by_id[i] for i in ids if i in by_id]
 
-    def _chosen(self) -> list[Run]:
+    def _chosen(self) -> list[LocalRun]:
         return self.selected_runs() or all_runs()
 
     def _csv_file(self):
@@ -215,7 +215,7 @@ class RunsTable(LiveView):
     def _say(self, text: str, alert_type: str = "warning") -> None:
         self.message.object, self.message.alert_type, self.message.visible = text, alert_type, bool(text)
 
-    def _refused(self, runs: list[Run], what: str) -> str:
+    def _refused(self, runs: list[LocalRun], what: str) -> str:
         ids = ", ".join(r.id for r in runs)
         return (f"Cannot {what} {ids}: another page, a notebook or the command line started "
                 f"{'it' if len(runs) == 1 else 'them'}, and {'it is' if len(runs) == 1 else 'they are'} "
@@ -227,7 +227,7 @@ class RunsTable(LiveView):
         self.rename_button.disabled = not (len(runs) == 1 and runs[0].may_change(self.owner))
         self.delete_button.disabled = not runs or not all(r.may_change(self.owner) for r in runs)
 
-    def stop_selected(self) -> list[Run]:
+    def stop_selected(self) -> list[LocalRun]:
         """``Stop selected``: stop the selected active runs this page started; returns them."""
         active = [r for r in self.selected_runs() if not r.done]
         mine = [r for r in active if r.may_change(self.owner)]
@@ -275,7 +275,7 @@ class RunsTable(LiveView):
         self._ask(f"Delete {len(runs)} run{'s' if len(runs) > 1 else ''} ({ids}) and their metrics "
                   "from this server?", runs, lambda: [delete_run(r) for r in runs if r in all_runs()], "delete")
 
-    def _ask(self, text: str, runs: list[Run], action, what: str) -> None:
+    def _ask(self, text: str, runs: list[LocalRun], action, what: str) -> None:
         self._pending = (runs, action, what)
         self.confirm_text.object = text
         self.confirm_row.visible = True
@@ -294,7 +294,7 @@ class RunsTable(LiveView):
         self._pending = None
         self.confirm_row.visible = False
 
-    def _apply(self, runs: list[Run], action, what: str) -> bool:
+    def _apply(self, runs: list[LocalRun], action, what: str) -> bool:
         refused = [r for r in runs if not r.may_change(self.owner)]
         if refused:    # checked again at the moment of the change
             self._say(self._refused(refused, what))

@@ -225,7 +225,7 @@ class RunStream:
     """One session's view of one run: cursor into the run's log and its four sources.
 
     Args:
-        run: a :class:`qatlab.runs.Run` (read only: ``log``, ``config``, ``id``, ``done``).
+        run: a :class:`qatlab.runs.LocalRun` (read only: ``log``, ``config``, ``id``, ``done``).
         smoothing: initial EMA weight (0..0.99).
         cap: most rows kept in the training and the loss source (each thinned 2:1 beyond).
     """

@@ -240,7 +240,7 @@ def pages():
 def test_a_page_cannot_change_another_pages_running_run(pages):
     a, b = pages
     run = a.start_run()
-    cli = ql.Run(long_config()).start()                # a notebook's or the command line's run
+    cli = ql.LocalRun(long_config()).start()                # a notebook's or the command line's run
     try:
         assert _wait(lambda: _training([run, cli]), 60)
         _select(b.runs, run)

@@ -75,7 +75,7 @@ def _wait_for(pred, timeout=20.0, what="condition"):
 def test_a_paused_run_does_not_age():
     cfg = ql.ExperimentConfig(data=ql.DataConfig(dataset="digits"), model=ql.ModelConfig(hidden=[32]),
                               optim=ql.OptimConfig(epochs=100_000, batch_size=32), metrics_every=5)
-    run = ql.Run(cfg, register=False).start()
+    run = ql.LocalRun(cfg, register=False).start()
     try:
         _wait_for(lambda: run.steps_done > 3, what="steps")
         run.pause()
@@ -125,7 +125,7 @@ def test_ste_table_follows_the_curves_on_the_same_tick():
     from qatlab.ui import SteCompareView
     cfg = ql.ExperimentConfig()
     cfg.model.hidden = [32]
-    runs = {kind: ql.Run(cfg, name=kind.value, register=False) for kind in ql.SteKind}
+    runs = {kind: ql.LocalRun(cfg, name=kind.value, register=False) for kind in ql.SteKind}
     view = SteCompareView(runs)
     for run in runs.values():
         run.status = "running"
@@ -165,9 +165,9 @@ def _quant(weights="ternary", bits=4, activations="off", per_channel=False, scal
 def test_runs_table_shows_bits_only_for_fake_weights_and_the_quantization_columns():
     pytest.importorskip("panel")
     from qatlab.ui.runs_table import runs_frame
-    runs = [ql.Run(_quant("ternary"), register=False), ql.Run(_quant("float", batch=32), register=False),
-            ql.Run(_quant("fake", 3, "fake", True, "lsq", 128), register=False),
-            ql.Run(_quant("ternary", activations="fake"), register=False)]
+    runs = [ql.LocalRun(_quant("ternary"), register=False), ql.LocalRun(_quant("float", batch=32), register=False),
+            ql.LocalRun(_quant("fake", 3, "fake", True, "lsq", 128), register=False),
+            ql.LocalRun(_quant("ternary", activations="fake"), register=False)]
     df = runs_frame(runs)
     assert list(df["bits"]) == ["ternary", "float", "3-bit", "ternary"]
     assert list(df["activations"]) == ["off", "off", "8-bit", "8-bit"]
@@ -179,7 +179,7 @@ def test_runs_table_shows_bits_only_for_fake_weights_and_the_quantization_column
 def test_runs_csv_writes_counts_as_integers():
     pytest.importorskip("panel")
     from qatlab.ui.runs_table import runs_csv
-    a, b = ql.Run(_quant(), name="a", register=False), ql.Run(_quant(), name="b", register=False)
+    a, b = ql.LocalRun(_quant(), name="a", register=False), ql.LocalRun(_quant(), name="b", register=False)
     for s in (1, 2):
         a.log.append({"step": s, "epoch": s / 4, "loss": 1.0, "phase": 2})
     b.log.append({"step": 3, "epoch": 1.0, "loss": 0.5, "phase": float("inf")})
@@ -194,8 +194,8 @@ def test_runs_legend_says_name_weights_bits_and_ste():
     from qatlab.ui.runs_table import run_label
     fake = _quant("fake", 3, "fake")
     fake.quant.ste = "tanh"
-    assert run_label(ql.Run(fake, name="mine", register=False)) == "mine: fake 3-bit, act 8-bit, STE tanh"
-    assert run_label(ql.Run(_quant("ternary"), name="t", register=False)) == "t: ternary, STE identity"
+    assert run_label(ql.LocalRun(fake, name="mine", register=False)) == "mine: fake 3-bit, act 8-bit, STE tanh"
+    assert run_label(ql.LocalRun(_quant("ternary"), name="t", register=False)) == "t: ternary, STE identity"
 
 
 def test_runs_table_columns_are_the_same_with_and_without_runs():
@@ -204,7 +204,7 @@ def test_runs_table_columns_are_the_same_with_and_without_runs():
     pytest.importorskip("panel")
     from qatlab.ui.runs_table import COLUMNS, runs_frame
     assert list(runs_frame([]).columns) == COLUMNS
-    assert list(runs_frame([ql.Run(_quant("fake", 3), register=False)], owner="me").columns) == COLUMNS
+    assert list(runs_frame([ql.LocalRun(_quant("fake", 3), register=False)], owner="me").columns) == COLUMNS
 
 
 # ----------------------------------------------------------------------------- in the browser
@@ -254,7 +254,7 @@ def test_the_first_run_in_the_runs_table_changes_no_column_of_the_drawn_table():
     model = table.table.get_root()
     changes = []
     model.on_change("columns", lambda attr, old, new: changes.append(new))
-    run = ql.Run(_quant("fake", 3))
+    run = ql.LocalRun(_quant("fake", 3))
     try:
         table.refresh(force=True)
         assert run.id in list(model.source.data["id"]) and changes == []

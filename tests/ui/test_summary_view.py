@@ -34,7 +34,7 @@ def assert_same(shown, expected):
 @pytest.mark.slow
 def test_summary_panel_equals_ql_summary_of_the_trained_model_and_survives_release():
     cfg = cnn_config()
-    run = ql.Run(cfg).start()
+    run = ql.LocalRun(cfg).start()
     assert run.join(timeout=120)
     assert run.status == "finished", run.message
     view = QuantView(run)

@@ -56,7 +56,7 @@ def comparison_view() -> SteCompareView:
     return view
 
 
-def feed(run: ql.Run, start: int, n: int, phases=(1, 1, 2, 2, 3), eval_every: int = 10) -> None:
+def feed(run: ql.LocalRun, start: int, n: int, phases=(1, 1, 2, 2, 3), eval_every: int = 10) -> None:
     """Append n training rows (and an eval row every ``eval_every``) the way a trainer would."""
     n_layers = len(run.config.model.hidden) + 1
     for s in range(start, start + n):
@@ -103,7 +103,7 @@ def test_ema_matches_debiased_reference():
 
 
 def test_hub_pulls_only_the_runs_asked_for():
-    a, b = ql.Run(small_config()), ql.Run(small_config())
+    a, b = ql.LocalRun(small_config()), ql.LocalRun(small_config())
     hub = StreamHub()
     ra, rb = hub.stream(a), hub.stream(b)
     feed(a, 1, 5, eval_every=10**9)
@@ -114,7 +114,7 @@ def test_hub_pulls_only_the_runs_asked_for():
 
 
 def test_stream_pull_grows_sources_and_splits_eval_rows():
-    run = ql.Run(small_config())
+    run = ql.LocalRun(small_config())
     hub = StreamHub(smoothing=0.0)
     rs = hub.stream(run)
     assert rs.loss.name == f"loss-source-{run.id}" and rs.train.name == f"train-source-{run.id}"
@@ -138,7 +138,7 @@ def test_loss_streams_every_tick_the_rest_every_detail_tick():
     the run is done, any tick streams them."""
     from qatlab.ui.streaming import DETAIL_EVERY
     assert DETAIL_EVERY == 10
-    run = ql.Run(small_config(phase=True))
+    run = ql.LocalRun(small_config(phase=True))
     hub = StreamHub()
     rs = hub.stream(run)
     ticks = []
@@ -164,7 +164,7 @@ def test_loss_streams_every_tick_the_rest_every_detail_tick():
 
 
 def test_stream_decimates_long_histories():
-    run = ql.Run(small_config())
+    run = ql.LocalRun(small_config())
     hub = StreamHub(cap=100)
     rs = hub.stream(run)
     feed(run, 1, 1000, eval_every=10**9)
@@ -179,7 +179,7 @@ def test_stream_decimates_long_histories():
 
 
 def test_stream_plans_its_stride_from_the_planned_rows():
-    run = ql.Run(small_config())
+    run = ql.LocalRun(small_config())
     run.config.metrics_every = 2
     run.log.meta["total_steps"] = 2000            # as the trainer sets it before its first row
     hub = StreamHub(cap=100)
@@ -195,7 +195,7 @@ def test_stream_plans_its_stride_from_the_planned_rows():
 
 
 def test_phase_segments_are_run_length_encoded():
-    run = ql.Run(small_config(phase=True))
+    run = ql.LocalRun(small_config(phase=True))
     hub = StreamHub()
     rs = hub.stream(run)
     for s, p in enumerate([1, 1, 2, 2, 3], start=1):
@@ -212,7 +212,7 @@ def test_phase_segments_are_run_length_encoded():
 
 
 def test_smoothing_change_recomputes_smoothed_columns():
-    run = ql.Run(small_config())
+    run = ql.LocalRun(small_config())
     hub = StreamHub(smoothing=0.0)
     rs = hub.stream(run)
     feed(run, 1, 50)
@@ -226,7 +226,7 @@ def test_smoothing_change_recomputes_smoothed_columns():
 
 
 def test_run_view_renderers_log_scale_and_time_axis():
-    run = ql.Run(small_config(phase=True))
+    run = ql.LocalRun(small_config(phase=True))
     view = RunView(run)
     feed(run, 1, 40)
     view.pull()
@@ -262,14 +262,14 @@ def test_run_view_renderers_log_scale_and_time_axis():
 
 
 def test_run_view_without_phases_has_no_speedup_figure():
-    run = ql.Run(small_config())
+    run = ql.LocalRun(small_config())
     view = RunView(run)
     assert "speedup" not in view.figures
     assert all(not n.startswith("phase-bands") for n in names(view.figures["loss"]))
 
 
 def test_failed_run_message_shows_no_traceback():
-    run = ql.Run(small_config())
+    run = ql.LocalRun(small_config())
     run.status = "failed"
     run.message = 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: data: bad file'
     view = RunView(run)
@@ -280,7 +280,7 @@ def test_failed_run_message_shows_no_traceback():
 
 
 def test_diverged_run_shows_status_and_message():
-    run = ql.Run(small_config())
+    run = ql.LocalRun(small_config())
     run.status, run.message = "diverged", "loss became inf at step 12 (epoch 1); try a lower learning rate"
     view = RunView(run)
     status = RunStatus(runs=[run])
@@ -291,19 +291,19 @@ def test_diverged_run_shows_status_and_message():
 
 
 def test_run_status_progress_text():
-    run = ql.Run(small_config())
+    run = ql.LocalRun(small_config())
     status = RunStatus(runs=[run])
     run.steps_done, run.total_steps = 0, 0
     status.refresh()
     assert "Status:** created" in status.status.object
     assert format_seconds(75) == "1:15" and format_seconds(float("nan")) == "–"
-    other = ql.Run(small_config())
+    other = ql.LocalRun(small_config())
     other.status = "finished"
     assert group_status([run, other]) == "finished (1 created, 1 finished)"
 
 
 def test_ste_compare_view_small_multiples_and_ranking():
-    runs = {kind: ql.Run(small_config(), name=kind.value) for kind in ql.SteKind}
+    runs = {kind: ql.LocalRun(small_config(), name=kind.value) for kind in ql.SteKind}
     view = SteCompareView(runs)
     for i, run in enumerate(runs.values()):
         feed(run, 1, 20)
@@ -326,7 +326,7 @@ def test_ste_compare_view_small_multiples_and_ranking():
 
 
 def test_quant_view_histograms_follow_weight_snapshot():
-    run = ql.Run(small_config())
+    run = ql.LocalRun(small_config())
     view = QuantView(run)
     rng = np.random.default_rng(0)
     latent = rng.normal(size=(32, 64)).astype(np.float32)
@@ -346,9 +346,9 @@ def test_quant_view_histograms_follow_weight_snapshot():
 
 
 def test_phase_view_figures_and_placeholder():
-    off = PhaseView(ql.Run(small_config()))
+    off = PhaseView(ql.LocalRun(small_config()))
     assert off.figures == {} and "off" in off.intro.object
-    run = ql.Run(small_config(phase=True))
+    run = ql.LocalRun(small_config(phase=True))
     view = PhaseView(run)
     feed(run, 1, 25)
     view.pull()
@@ -359,7 +359,7 @@ def test_phase_view_figures_and_placeholder():
 
 
 def test_runs_table_lists_runs_overlays_selection_and_downloads():
-    a, b = ql.Run(small_config(), name="alpha"), ql.Run(small_config(), name="beta")
+    a, b = ql.LocalRun(small_config(), name="alpha"), ql.LocalRun(small_config(), name="beta")
     feed(a, 1, 5)
     table = RunsTable()
     ids = list(table.table.value["id"])
@@ -415,7 +415,7 @@ def test_dashboard_trains_streams_and_closes():
     runs = dash.compare_ste()
     assert len(runs) == 4 and dash.ste.runs == runs and dash.tabs.active == 1
     assert all(r.owner == dash.owner and not r.keep_alive for r in runs.values())
-    survivor = ql.Run(dash.config_panel.config, owner=dash.owner, keep_alive=True).start()
+    survivor = ql.LocalRun(dash.config_panel.config, owner=dash.owner, keep_alive=True).start()
     stopped = dash.close(join_timeout=30)
     assert set(stopped) == set(runs.values())
     assert all(r.status == "stopped" and r.join(0) for r in runs.values())
