@@ -7,6 +7,7 @@ the same rules. Rules that span several fields live in each config's
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import param
@@ -258,8 +259,9 @@ def dashboard_config() -> ExperimentConfig:
 
 
 def _validate_cnn(cfg: "ExperimentConfig") -> None:
-    """The cnn-only rules: channels, no phase training, and, for a named dataset of known image shape,
-    kernel and pool windows that fit every feature map (other datasets are checked when loaded)."""
+    """The cnn-only rules: channels, no phase training, and, for a named dataset of known image shape or
+    a data file whose headers tell it, kernel and pool windows that fit every feature map (other
+    datasets are checked when loaded)."""
     channels = cfg.model.conv_channels
     if not channels:
         raise ValueError("ModelConfig.conv_channels: architecture='cnn' needs at least one conv layer")
@@ -271,9 +273,15 @@ def _validate_cnn(cfg: "ExperimentConfig") -> None:
     if cfg.data.dataset == "synthetic":
         raise ValueError("ModelConfig.architecture: 'cnn' needs a dataset of images or 1-d signals; "
                          "dataset 'synthetic' gives flat features -- use architecture='mlp'")
-    from .data.shipped import DATASET_CARDS      # at call time: data imports config
+    from .data.files import file_image_shape     # at call time: data imports config
+    from .data.shipped import DATASET_CARDS
     from .nn.cnn import conv_plan                # shapes only: allocates nothing
     shape = DATASET_CARDS.get(cfg.data.dataset, {}).get("input_shape")
+    if cfg.data.dataset == "file" and cfg.data.path:
+        shape = file_image_shape(cfg.data.path)     # (headers only; None: loading will tell)
+        if shape == ():
+            raise ValueError(f"ModelConfig.architecture: 'cnn' needs images or 1-d signals; the file "
+                             f"{os.path.basename(cfg.data.path)} holds flat features -- use architecture='mlp'")
     if shape is not None:
         try:
             conv_plan(shape, channels, cfg.model.kernel_size, cfg.model.pool)

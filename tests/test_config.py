@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 import qatlab as ql
@@ -305,3 +306,51 @@ def test_copy_of_sub_config():
     q = QuantConfig(weights="fake", weight_bits=2)
     dup = q.copy()
     assert type(dup) is QuantConfig and dup.to_dict() == q.to_dict() and dup is not q
+
+
+def _cnn_on_file(path) -> ql.ExperimentConfig:
+    cfg = ql.ExperimentConfig()
+    cfg.model.architecture, cfg.model.hidden = "cnn", []
+    cfg.data.dataset, cfg.data.path = "file", str(path)
+    return cfg
+
+
+def test_a_cnn_on_a_file_of_flat_features_is_refused_before_loading(tmp_path):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "flat.npz", X=rng.normal(size=(20, 6)).astype(np.float32), y=np.arange(20) % 2)
+    (tmp_path / "rows.csv").write_text("0.5,1.5,0\n2.5,3.5,1\n")
+    for name in ("flat.npz", "rows.csv"):
+        with pytest.raises(ValueError, match=f"ModelConfig.architecture: 'cnn' needs images .* the file {name} "
+                                             "holds flat features -- use architecture='mlp'"):
+            _cnn_on_file(tmp_path / name).validate()
+        cfg = _cnn_on_file(tmp_path / name)
+        cfg.model.architecture = "mlp"
+        cfg.validate()
+
+
+def test_a_cnn_on_an_image_file_is_checked_against_its_shape(tmp_path):
+    np.savez(tmp_path / "img.npz", X=np.zeros((10, 12, 12), np.uint8), y=np.arange(10) % 2)
+    cfg = _cnn_on_file(tmp_path / "img.npz")
+    cfg.model.conv_channels, cfg.model.kernel_size, cfg.model.pool = [4], 3, 2
+    cfg.validate()                                   # 12x12 -> 10x10 -> 5x5
+    cfg.model.kernel_size = 13
+    with pytest.raises(ValueError, match="^ModelConfig"):
+        cfg.validate()
+    (tmp_path / "missing.npz").unlink(missing_ok=True)
+    _cnn_on_file(tmp_path / "missing.npz").validate()     # unknown until loaded: the loader names the problem
+
+
+def test_file_image_shape_reads_headers_only(tmp_path):
+    from qatlab.data.files import file_image_shape
+    np.savez(tmp_path / "a.npz", X=np.zeros((3, 2, 5, 7), np.float32), y=np.zeros(3))
+    np.savez(tmp_path / "b.npz", X=np.zeros((3, 5, 7), np.float32), y=np.zeros(3))
+    np.savez(tmp_path / "c.npz", X=np.zeros((3, 4), np.float32), y=np.zeros(3))
+    np.savez(tmp_path / "d.npz", y=np.zeros(3))
+    header = bytes([0, 0, 8, 3]) + (5).to_bytes(4, "big") + (28).to_bytes(4, "big") + (27).to_bytes(4, "big")
+    (tmp_path / "t10k-images-idx3-ubyte").write_bytes(header + bytes(5 * 28 * 27))
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    assert file_image_shape(tmp_path / "a.npz") == (2, 5, 7) and file_image_shape(tmp_path / "b.npz") == (1, 5, 7)
+    assert file_image_shape(tmp_path / "c.npz") == () and file_image_shape(tmp_path / "x.csv") == ()
+    assert file_image_shape(tmp_path / "t10k-images-idx3-ubyte") == (1, 28, 27)
+    for name in ("d.npz", "junk.npz", "missing.npz"):
+        assert file_image_shape(tmp_path / name) is None
