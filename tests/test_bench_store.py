@@ -10,6 +10,7 @@ from qatlab.bench import main as bench_main
 from qatlab.benchkit import load_suite
 
 
+@pytest.mark.slow
 def test_store_suite_quick_structure(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_store, "HISTORY_ROWS", 3000)
     out = tmp_path / "store.json"
