@@ -39,3 +39,17 @@ def force_split(monkeypatch):
             monkeypatch.setattr(parallel, name, value)
         return calls
     return patch
+
+
+@pytest.fixture(scope="module")
+def client2():
+    """A Dask client on a new local cluster of 2 one-thread worker processes (kernels not warmed)."""
+    from distributed import Client
+
+    from qatlab.executor import WarmWorker, local_cluster
+    cluster = local_cluster(2)
+    client = Client(cluster, set_as_default=False, timeout="60s")
+    client.register_plugin(WarmWorker(warm=False))
+    yield client
+    client.close(timeout=30)
+    cluster.close(timeout=30)

@@ -204,19 +204,6 @@ def test_median_rule_prunes_a_run_worse_than_the_median_of_the_others_at_the_sam
 # ----------------------------------------------------------------------------- on clusters
 
 
-@pytest.fixture(scope="module")
-def client2():
-    from distributed import Client
-
-    from qatlab.executor import WarmWorker, local_cluster
-    cluster = local_cluster(2)
-    client = Client(cluster, set_as_default=False, timeout="60s")
-    client.register_plugin(WarmWorker(warm=False))
-    yield client
-    client.close(timeout=30)
-    cluster.close(timeout=30)
-
-
 @pytest.mark.slow
 def test_a_grid_sweep_on_a_local_cluster_lands_in_the_store_and_resumes(client2, store):
     sweep = Sweep(base(), grid={"quant.ste": ["identity", "hard_tanh"], "quant.weight_bits": [2, 4]},

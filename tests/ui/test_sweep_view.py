@@ -250,19 +250,6 @@ def test_many_runs_select_fast_and_refreshes_add_no_models(store):
 # ----------------------------------------------------------------------------- a live sweep
 
 
-@pytest.fixture(scope="module")
-def client2():
-    from distributed import Client
-
-    from qatlab.executor import WarmWorker, local_cluster
-    cluster = local_cluster(2)
-    client = Client(cluster, set_as_default=False, timeout="60s")
-    client.register_plugin(WarmWorker(warm=False))
-    yield client
-    client.close(timeout=30)
-    cluster.close(timeout=30)
-
-
 def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while not predicate():
