@@ -25,6 +25,8 @@ def group_rows(rows) -> list[tuple[tuple, np.ndarray, np.ndarray]]:
     """``[(column names, positions (k,), values float64 (k, columns))]`` of ``rows`` grouped by kind.
 
     ``rows``: a list of dicts ``{column: real number}``; a bad row raises before anything is written.
+    Each kind's values are converted by numpy in one go (a run's flush must not hold the GIL long);
+    only a kind numpy cannot read as numbers is checked value by value, for the error message.
     """
     if isinstance(rows, dict) or not isinstance(rows, (list, tuple)):
         raise TypeError(f"rows: expected a list of dicts, got {type(rows).__name__}")
@@ -32,18 +34,33 @@ def group_rows(rows) -> list[tuple[tuple, np.ndarray, np.ndarray]]:
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise TypeError(f"rows[{i}]: expected a dict of column -> number, got {type(row).__name__}")
-        keys = tuple(k for k in row if k != ROW_ID)
-        values = [row[k] for k in keys]
-        for key, value in zip(keys, values):
-            if not isinstance(key, str):
-                raise TypeError(f"rows[{i}]: column names must be str, got {key!r}")
-            if value.__class__ not in _REAL_TYPES and not isinstance(value, numbers.Real):
-                raise TypeError(f"rows[{i}][{key!r}]: expected a real number, got {type(value).__name__}")
+        if ROW_ID in row:
+            keys = tuple(k for k in row if k != ROW_ID)
+            values = [row[k] for k in keys]
+        else:
+            keys, values = tuple(row), list(row.values())
         positions, matrix = groups.setdefault(keys, ([], []))
         positions.append(i)
         matrix.append(values)
-    return [(keys, np.array(pos, np.int64), np.array(mat, np.float64).reshape(len(pos), len(keys)))
-            for keys, (pos, mat) in groups.items()]
+    out = []
+    for keys, (positions, matrix) in groups.items():
+        for key in keys:
+            if not isinstance(key, str):
+                raise TypeError(f"rows[{positions[0]}]: column names must be str, got {key!r}")
+        values = np.array(matrix)
+        if values.dtype.kind not in "biuf":           # text, None, complex, huge ints: look closer
+            values = _checked(rows, positions, keys, matrix)
+        out.append((keys, np.array(positions, np.int64), values.astype(np.float64).reshape(len(positions), len(keys))))
+    return out
+
+
+def _checked(rows, positions, keys, matrix) -> np.ndarray:
+    """``matrix`` as float64 after a value-by-value check; TypeError naming the first value that is not real."""
+    for i, values in zip(positions, matrix):
+        for key, value in zip(keys, values):
+            if value.__class__ not in _REAL_TYPES and not isinstance(value, numbers.Real):
+                raise TypeError(f"rows[{i}][{key!r}]: expected a real number, got {type(value).__name__}")
+    return np.array(matrix, np.float64)
 
 
 def group_columns(columns: dict) -> tuple[int, list[tuple[tuple, np.ndarray, np.ndarray]]]:
