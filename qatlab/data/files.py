@@ -258,9 +258,11 @@ def file_image_shape(path: str | os.PathLike) -> tuple[int, ...] | None:
         return ()
     try:
         if IDX_IMAGES.search(p.name):
-            with (gzip.open(p) if p.suffix.lower() == ".gz" else open(p, "rb")) as f:
-                head = f.read(16)
-            return (1, int.from_bytes(head[8:12], "big"), int.from_bytes(head[12:16], "big")) if len(head) == 16 else None
+            with (gzip.open(p) if ext == ".gz" else open(p, "rb")) as f:
+                head = f.read(16)         # magic, then the image count, height and width (big-endian)
+            if len(head) < 16:
+                return None
+            return (1, int.from_bytes(head[8:12], "big"), int.from_bytes(head[12:16], "big"))
         if ext != ".npz":
             return None
         with zipfile.ZipFile(p) as zf:
