@@ -1,6 +1,6 @@
 """``python -m qatlab run CONFIG.json`` trains a config into the run store; ``python -m qatlab runs`` lists it.
 
-``run`` trains in this process, or on a Dask cluster with ``--scheduler ADDR`` (``ql.RemoteRun``).
+``run`` trains in this process, or on a Dask cluster with ``--scheduler ADDR`` (``ql.Run``).
 Rows reach the store at least once a second, so a run killed midway keeps its rows and is listed
 ``interrupted``.
 """
