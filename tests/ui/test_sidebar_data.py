@@ -30,6 +30,7 @@ def upload(panel: ConfigPanel, name: str, content: bytes) -> None:
 def panel(tmp_path, monkeypatch):
     monkeypatch.setenv(data_source.UPLOAD_DIR_ENV, str(tmp_path / "uploads"))
     p = ConfigPanel(data_dir=None)
+    p.config.model.architecture = "mlp"      # the files here hold flat features (the page's default is a cnn)
     p.config.data.dataset = "file"
     return p
 
@@ -84,6 +85,7 @@ def test_data_directory_lists_and_resolves_its_files(tmp_path):
     outside.write_text("1,2,0\n")
     os.symlink(outside, data_dir / "link.csv")
     panel = ConfigPanel(data_dir=str(data_dir))
+    panel.config.model.architecture = "mlp"
     panel.config.data.dataset = "file"
     chooser = panel.file_chooser
     assert chooser.choice.visible and chooser.choice.options == [data_source.NONE, "a.npz", "sub/b.npz"]
