@@ -143,9 +143,24 @@ class SweepView(LiveView):
         self._loading: set = set()
         self._sweeps: list[tuple[str, int]] | None = None
         self._records: dict = {}               # run id -> RunRecord, the last RECORD_CACHE asked
+        self._holder = pn.Column(sizing_mode="stretch_width")   # the tab's content, once built
+        self._built = False
+        if not lazy:
+            self.build()
+
+    def build(self) -> None:
+        """Make the widgets and charts (a lazy view does it when first shown: opening a page stays cheap)."""
+        if self._built:
+            return
+        self._built = True
         self._build_widgets()
         self._build_charts()
-        self._layout = self._compose()
+        self._holder.objects = [self._compose()]
+
+    def set_active(self, active: bool) -> None:
+        if active:
+            self.build()
+        super().set_active(active)
 
     # ------------------------------------------------------------------ widgets
 
@@ -217,7 +232,7 @@ class SweepView(LiveView):
                          pn.Row(self.open_button), self.diff, self.curves, sizing_mode="stretch_width")
 
     def _panel(self):
-        return self._layout
+        return self._holder
 
     # ------------------------------------------------------------------ store and cluster
 
@@ -253,6 +268,7 @@ class SweepView(LiveView):
 
     def start_sweep(self) -> Sweep | None:
         """``Start sweep``: check the form, then connect and submit on a background thread."""
+        self.build()
         if self.busy:
             self._say("This page's sweep is still running: stop it or wait for it to end.")
             return None
@@ -270,6 +286,7 @@ class SweepView(LiveView):
 
     def compare_ste(self) -> Sweep | None:
         """``Compare STE kinds (sweep)``: one axis over the four STE kinds, ``STE seeds`` seeds."""
+        self.build()
         self.axes_input.value = axes_text(ste_grid())
         n = self.ste_seeds.value or 1
         self.seeds_input.value = "0" if n == 1 else f"0-{n - 1}"
@@ -313,6 +330,7 @@ class SweepView(LiveView):
 
     def show_sweep(self, name: str) -> None:
         """Show the sweep ``name`` (this page's live one, or one read from the store in the background)."""
+        self.build()
         if name == self.shown:
             return
         self.shown = name
@@ -382,7 +400,7 @@ class SweepView(LiveView):
     def refresh(self, force: bool = False) -> None:
         """Pick up a started sweep, re-read the shown sweep's rows and apply them if they changed
         (at most once a second unless ``force``)."""
-        if not self._throttle.ready(force):
+        if not self._built or not self._throttle.ready(force):
             return
         if self._launch_error:
             self._say(self._launch_error)
