@@ -34,6 +34,7 @@ import panel as pn
 from ..runs import NAME_LIMIT, LocalRun, all_runs, checked_name, delete_run
 from . import figures as F
 from .base import LiveView, bokeh_pane
+from .tables import patch_and_stream
 
 TABLE_PERIOD = 1.0  # seconds between table refreshes
 # The table's columns, the same with no runs as with some: changing a Tabulator's columns while its
@@ -117,13 +118,6 @@ def runs_json(runs: list[LocalRun]) -> str:
     """Configs of ``runs`` as JSON: ``{run id: {"name", "status", "config"}}``."""
     return json.dumps({r.id: {"name": r.name, "status": r.status, "config": r.config.to_dict()} for r in runs},
                       indent=2)
-
-
-def _same(a, b) -> bool:
-    """Equal, treating NaN as equal to NaN."""
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return a == b
 
 
 class RunsTable(LiveView):
@@ -328,16 +322,7 @@ class RunsTable(LiveView):
         old = self.table.value
         n = len(self._ids)
         if n and ids[:n] == self._ids and list(df.columns) == list(old.columns):
-            # patch changed cells and stream new rows: replacing the value re-renders the whole table
-            patch = {}
-            for col in df.columns:
-                changed = [(i, v) for i, (v, o) in enumerate(zip(df[col].iloc[:n], old[col])) if not _same(v, o)]
-                if changed:
-                    patch[col] = changed
-            if patch:
-                self.table.patch(patch)
-            if len(ids) > n:
-                self.table.stream(df.iloc[n:])
+            patch_and_stream(self.table, old, df)
         else:
             self.table.value = df
         self._ids = ids

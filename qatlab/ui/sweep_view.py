@@ -37,6 +37,7 @@ from . import figures as F
 from . import sweep_charts as C
 from .base import LiveView, Throttle, bokeh_pane
 from .sweep_form import axes_text, parse_axes, parse_seeds, ste_grid
+from .tables import patch_and_stream
 
 log = logging.getLogger(__name__)
 
@@ -506,15 +507,7 @@ class SweepView(LiveView):
             return
         n = len(old)
         if n and len(df) >= n and list(df["run_id"].iloc[:n]) == list(old["run_id"]):
-            patch = {}
-            for col in df.columns:
-                changed = [(i, v) for i, (v, o) in enumerate(zip(df[col].iloc[:n], old[col])) if not _same(v, o)]
-                if changed:
-                    patch[col] = changed
-            if patch:
-                self.table.patch(patch)
-            if len(df) > n:
-                self.table.stream(df.iloc[n:])
+            patch_and_stream(self.table, old, df)
         else:
             self.table.value = df
             self._set_table_selection(self.selected)
@@ -701,15 +694,6 @@ _NOT_AXES = {"status", "message", "seconds", "run_id", "name", "worker", "progre
 def _cell(value):
     """A table cell: lists as text (Tabulator shows scalars)."""
     return C.value_text(value) if isinstance(value, (list, tuple, dict)) else value
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    try:
-        return bool(a == b)
-    except (TypeError, ValueError):
-        return False
 
 
 def _md(text) -> str:
