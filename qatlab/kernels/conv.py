@@ -49,8 +49,8 @@ _U = np.uint64     # flat indices as unsigned integers (module doc)
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _im2col_valid(x, kh, kw, b_lo, b_hi, cols):
-    """:func:`im2col` at stride 1 without padding, image by image (each (b, c) plane stays in L1):
-    1.5x faster than the general loop on the Cnn's second conv (8x8 outputs)."""
+    """:func:`im2col` at stride 1 without padding, image by image: each (b, c) plane stays in L1 and no
+    row needs bounds checks (faster than the general loop; ``bench conv``)."""
     B, C, H, W = x.shape
     OH, OW = H - kh + 1, W - kw + 1
     P = OH * OW
@@ -110,7 +110,7 @@ def im2col(x, kh, kw, sh, sw, ph, pw, b_lo, b_hi, cols):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _col2im_valid(cols, kh, kw, b_lo, b_hi, dx):
-    """:func:`col2im` at stride 1 without padding, image by image (1.6x faster, as :func:`_im2col_valid`)."""
+    """:func:`col2im` at stride 1 without padding, image by image (as :func:`_im2col_valid`)."""
     B, C, H, W = dx.shape
     OH, OW = H - kh + 1, W - kw + 1
     P = OH * OW

@@ -59,13 +59,13 @@ def _f32(name: str, x, ndim: int) -> np.ndarray:
 
 
 #: A product of at least this many multiply-adds is split in :data:`GEMM_PARTS` column blocks
-#: (the thread hand-off, ~23 us, is under a tenth of such a product).
+#: (the thread hand-off is then a small part of the product).
 MIN_SPLIT_MACS = 1 << 22
 #: Column blocks of a split product: fixed, not the core count, because BLAS computes a block's
 #: columns in the last bits differently from the whole product's; one core runs them one by one.
 GEMM_PARTS = 2
-#: A product with fewer columns than this stays whole (two OpenBLAS calls of a 25-column, 36864-inner
-#: product at once took 1.2 ms, one whole 0.67 ms).
+#: A product with fewer columns than this stays whole (two OpenBLAS calls on a narrow product at
+#: once are slower than one whole).
 MIN_BLOCK_COLUMNS = 64
 
 
