@@ -138,8 +138,6 @@ class SteCompareView(LiveView):
         for kind, rs in streams.items():
             F.add_line(acc, rs.eval, x, "test_accuracy", **F.ste_line(kind), name=f"ste-accuracy-{rs.run.id}",
                        label=kind)
-            F.add_points(acc, rs.eval, x, "test_accuracy", color=F.STE_COLORS.get(kind, "#333333"),
-                         name=f"ste-accuracy-points-{rs.run.id}")   # (one evaluation is a point, not yet a line)
         F.finish(acc, location="bottom_right")
         yield
 
