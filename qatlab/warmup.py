@@ -38,8 +38,9 @@ def default_configs() -> list[tuple[str, ExperimentConfig]]:
         out.append((label, cfg))
 
     add("default run", dashboard_config)
+    default_ste = dashboard_config().quant.ste
     for kind in SteKind:
-        if kind.value != dashboard_config().quant.ste:
+        if kind.value != default_ste:
             add(f"STE {kind.value}", dashboard_config, quant__ste=kind.value)
     add("fake-quantized weights", dashboard_config, quant__weights="fake")
     add("fake weights + activations", dashboard_config, quant__weights="fake", quant__activations="fake")

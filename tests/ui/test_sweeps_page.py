@@ -2,7 +2,6 @@
 its run highlighted in the charts (a served app on a temporary run store, headless chromium)."""
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
@@ -33,18 +32,13 @@ _JS_STATE = """() => {
 def sweep_server(chromium, tmp_path_factory):
     """``panel serve app/`` on a temporary run store (``QATLAB_STORE``), killed at teardown."""
     store = tmp_path_factory.mktemp("store") / "runs.sqlite"
-    before = os.environ.get("QATLAB_STORE")
-    os.environ["QATLAB_STORE"] = str(store)
     server = AppServer(root=ROOT)
-    try:
-        server.start()
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
-    finally:
-        if before is None:
-            os.environ.pop("QATLAB_STORE")
-        else:
-            os.environ["QATLAB_STORE"] = before
+    with pytest.MonkeyPatch.context() as mp:          # the server process inherits it
+        mp.setenv("QATLAB_STORE", str(store))
+        try:
+            server.start()
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
     try:
         yield server
     finally:
