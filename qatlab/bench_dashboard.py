@@ -515,11 +515,20 @@ class DashboardPage:
         self.button(name).click()
 
     def set_input(self, label: str, value, timeout: float = 10.0) -> None:
-        """Type ``value`` into the numeric/text input labelled ``label`` and commit it (Enter)."""
+        """Type ``value`` into the numeric/text input labelled ``label`` and commit it (Enter).
+
+        Typed again while the page does not hold it: a card re-laid out by the server between the
+        typing and the Enter (a select just before, under load) renders the input anew, empty."""
+        deadline = time.monotonic() + timeout
         box = self.page.get_by_label(label, exact=True)
-        box.fill(str(value))
-        box.press("Enter")
-        self._wait_value(label, value, timeout)
+        while True:
+            box.fill(str(value))
+            box.press("Enter")
+            try:
+                return self._wait_value(label, value, min(2.0, max(0.1, deadline - time.monotonic())))
+            except AssertionError:
+                if time.monotonic() >= deadline:
+                    raise
 
     def select(self, label: str, option: str, timeout: float = 10.0) -> None:
         """Choose ``option`` in the select labelled ``label``."""

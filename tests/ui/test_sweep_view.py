@@ -288,7 +288,7 @@ def test_a_live_ste_sweep_fills_the_table_and_only_its_page_stops_it(store, clie
 @pytest.mark.slow
 def test_stop_sweep_stops_the_running_and_queued_runs(store, client2):
     cfg = tiny()
-    cfg.optim.epochs = 200
+    cfg.optim.epochs = 20_000     # minutes of training: the stop, not the end of a run, ends the sweep
     view = view_of(store, cfg, client=client2)
     view.axes_input.value, view.seeds_input.value = "quant.ste = identity, tanh, hard_tanh", "0-1"
     assert view.start_sweep() is not None
