@@ -1,10 +1,11 @@
 """qatlab dashboard app: ``panel serve app/`` serves it at http://localhost:5006/app.
 
 Composition only: one :class:`qatlab.ui.Dashboard` per session inside a FastListTemplate
-whose fonts and CSS are all served locally (see :mod:`qatlab.ui.theme`). Environment: the
-sidebar lists the files of ``QATLAB_DATA_DIR`` (if set) and keeps uploads under
-``QATLAB_UPLOAD_DIR`` (default: a temporary directory per page); ``make serve`` binds
-127.0.0.1 (README, "Safety").
+whose fonts and CSS are all served locally (see :mod:`qatlab.ui.theme`). Runs train on Dask
+workers (the local cluster, or ``QATLAB_SCHEDULER``) and are kept in the run store
+(``QATLAB_STORE``). Environment: the sidebar lists the files of ``QATLAB_DATA_DIR`` (if set) and
+keeps uploads under ``QATLAB_UPLOAD_DIR`` (default: a temporary directory per page); ``make
+serve`` binds 127.0.0.1 (README, "Safety").
 """
 import pathlib
 import sys
@@ -17,14 +18,17 @@ except ImportError:  # served from a plain checkout: the package sits next to ap
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from qatlab import warmup  # noqa: E402
+from qatlab.executor import connect  # noqa: E402
 from qatlab.ui import Dashboard, template_kwargs  # noqa: E402
 
-# Compile the kernels of the first runs once per process. `panel serve --warm` (make serve) runs this
-# file once before the server listens (no request headers then): wait there, so the first Start
-# trains at once; a server started without --warm compiles in the background and the page says so.
+# Compile the kernels of the first runs into Numba's disk cache once, then start the workers, which
+# load them from there. `panel serve --warm` (make serve) runs this file once before the server
+# listens (no request headers then): wait there, so the first Start trains at once; a server started
+# without --warm compiles in the background and connects on the first Start.
 warmup.start()
 if not pn.state.headers:
     warmup.wait()
+    connect()
 
 pn.extension("tabulator", notifications=True)
 

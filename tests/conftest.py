@@ -11,6 +11,15 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _temporary_default_store(tmp_path_factory):
+    """No test writes to the user's run store: ``$QATLAB_STORE`` is a temporary file for the session
+    (the default store of Dashboards and ``ql.Run``; tests that need their own pass one)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QATLAB_STORE", str(tmp_path_factory.mktemp("default-store") / "runs.sqlite"))
+        yield
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     """A fresh, seeded generator per test (deterministic data)."""

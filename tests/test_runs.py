@@ -412,34 +412,6 @@ def test_small_log_capacity_keeps_epoch_metrics():
     assert np.isfinite(run.log.last("test_accuracy"))
 
 
-def test_concurrent_runs_share_the_step_slots(monkeypatch):
-    """Every training step holds one of experiment.STEP_SLOTS: never more steps at once than slots."""
-    from qatlab.train import experiment
-
-    class Counting:
-        def __init__(self, slots):
-            self.sem, self.lock, self.now, self.most, self.steps = threading.Semaphore(slots), threading.Lock(), 0, 0, 0
-
-        def __enter__(self):
-            self.sem.acquire()
-            with self.lock:
-                self.now += 1
-                self.steps += 1
-                self.most = max(self.most, self.now)
-
-        def __exit__(self, *exc):
-            with self.lock:
-                self.now -= 1
-            self.sem.release()
-
-    slots = Counting(2)
-    monkeypatch.setattr(experiment, "STEP_SLOTS", slots)
-    results = ql.compare_ste(tiny("ternary", epochs=4))
-    assert all(r.status == "finished" for r in results.values())
-    assert slots.steps == sum(r.final["steps"] for r in results.values())   # every step went through it
-    assert 1 <= slots.most <= 2                                              # never more than 2 at once
-
-
 def test_start_ste_comparison_can_leave_the_runs_unstarted():
     runs = ql.start_ste_comparison(tiny(weights="ternary", epochs=1), kinds=["tanh", "identity"], start=False)
     assert list(runs) == [ql.SteKind.TANH, ql.SteKind.IDENTITY]
@@ -447,26 +419,6 @@ def test_start_ste_comparison_can_leave_the_runs_unstarted():
     for r in runs.values():
         r.start()
     assert all(r.join(30) and r.status == "finished" for r in runs.values())
-
-
-def test_training_paused_stops_steps_until_the_block_ends_and_nests():
-    from qatlab.train import experiment
-
-    run = ql.LocalRun(tiny("ternary", epochs=400)).start()
-    try:
-        wait_for(lambda: run.steps_done > 0, timeout=10.0, what="a first step")
-        with experiment.training_paused():
-            with experiment.training_paused():          # re-entrant: no deadlock
-                time.sleep(0.05)                        # a step in progress may finish...
-                held = run.steps_done
-                time.sleep(0.3)
-                assert run.steps_done == held           # ...but no new one starts
-        wait_for(lambda: run.steps_done > held, timeout=10.0, what="steps after the pause")   # released
-    finally:
-        run.stop()
-        assert run.join(30)
-    assert experiment.STEP_SLOTS.acquire(blocking=False)   # every slot was given back
-    experiment.STEP_SLOTS.release()
 
 
 # ----------------------------------------------------------------------------- rename, delete, release, ownership

@@ -25,7 +25,8 @@ from ..config import ExperimentConfig
 from ..metrics import MetricsLog
 from ..progress import RunProgress
 from . import cluster
-from .worker import WorkerLost, claim_name, control_name, forget_topic, run_on_worker, topic
+from .worker import (WEIGHTS_SECONDS, WorkerLost, claim_name, control_name, forget_topic, run_on_worker, topic,
+                     unpack_weights, weights_name)
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,8 @@ def active_runs() -> list["RemoteRun"]:
     return [run for run in list(_active) if not run.done]
 
 
-def _store():
+def default_store():
+    """The process's shared ``RunStore()`` (``$QATLAB_STORE`` or the per-user default file)."""
     global _default_store
     with _store_lock:
         if _default_store is None:
@@ -146,6 +148,7 @@ class RemoteRun(RunProgress):
         self._early: dict[int, dict] = {}   # batches ahead of a missing one, by first row
         self._on_worker = False
         self._status_changed = False
+        self._weights, self._weights_packed, self._weights_read = None, None, -float("inf")
 
     # ------------------------------------------------------------------ control
 
@@ -162,7 +165,7 @@ class RemoteRun(RunProgress):
         try:
             self.config.validate()
             check_resources(self.config)
-            store = self._store = self._store if self._store is not None else _store()
+            store = self._store = self._store if self._store is not None else default_store()
             client = self._client = self._client if self._client is not None else cluster.connect()
             run_id = store.create_run(self.config, name=self.name, owner=self.owner, sweep_id=self.sweep_id,
                                       point=self.point)
@@ -254,11 +257,37 @@ class RemoteRun(RunProgress):
         return self._result
 
     def release(self) -> None:
-        """Drop an ended run's model from this process (history, final metrics and the stored model
-        stay: ``store.load_model(run.id)``); no-op while the run is active."""
+        """Drop an ended run's model and weight snapshot from this process (history, final metrics
+        and the stored model stay: ``store.load_model(run.id)``); no-op while the run is active."""
         with self._lock:
-            if self.status in DONE and self._result is not None:
-                self._result.model = None
+            if self.status in DONE:
+                self._weights = self._weights_packed = None
+                if self._result is not None:
+                    self._result.model = None
+
+    def may_change(self, owner) -> bool:
+        """Whether a page of ``owner`` may stop, pause, rename or delete this run: the runs it
+        started always; any other run only once it has ended (it is read-only while it runs)."""
+        return self.done or (self.owner is not None and self.owner == owner)
+
+    def weight_snapshot(self) -> dict | None:
+        """The latest ``{layer<i>: (latent W, quantized W)}`` the worker published (flat float32
+        arrays of at most ``WEIGHTS_POINTS`` evenly strided weights), read from the scheduler at most
+        every ``WEIGHTS_SECONDS`` while the run trains; the same object until a new one arrives."""
+        now = time.monotonic()
+        if self.done and self._weights is None and self._weights_packed:     # the last one, from the result
+            self._weights = unpack_weights(self._weights_packed)
+        if self.done or not self._on_worker or now - self._weights_read < WEIGHTS_SECONDS:
+            return self._weights
+        self._weights_read = now
+        from distributed import Variable
+        try:
+            packed = Variable(weights_name(self.id), client=self._client).get(timeout=1)
+        except Exception:          # the scheduler is gone: keep the last one
+            return self._weights
+        if packed and packed != self._weights_packed:
+            self._weights, self._weights_packed = unpack_weights(packed), packed
+        return self._weights
 
     def __repr__(self) -> str:
         return f"RemoteRun({self.id!r}, status={self.status!r}, steps={self.steps_done}/{self.total_steps})"
@@ -355,6 +384,8 @@ class RemoteRun(RunProgress):
             self.log.meta.update(out["meta"])
             status, message = out["status"], out["message"]
             self.worker = self.worker or out["worker"]
+            if out.get("weights") and out["weights"] != self._weights_packed:
+                self._weights, self._weights_packed = None, out["weights"]
         result = RunResult(history=self.log.columns(), final=dict(out["final"]) if out else {},
                            model=out["model"] if out else None, status=status, message=message,
                            config=self.config.to_dict())
@@ -398,6 +429,7 @@ class RemoteRun(RunProgress):
                      lambda: client.run_on_scheduler(forget_topic, name=topic(run_id)),
                      self._control.delete,
                      lambda: Variable(claim_name(run_id), client=client).delete(),
+                     lambda: Variable(weights_name(run_id), client=client).delete(),
                      self._future.release):
             try:
                 step()

@@ -24,6 +24,11 @@ from ..metrics import MetricsLog
 SEND_SECONDS = 0.25
 #: The control Variable is read this often.
 POLL_SECONDS = 0.1
+#: The latest weights (for the Quantization tab's histograms) are published at most this often, as at
+#: most this many evenly strided weights per layer: a Variable holds only the latest, so the
+#: scheduler's memory does not grow with the run.
+WEIGHTS_SECONDS = 1.0
+WEIGHTS_POINTS = 16_384
 CONTROL_STATES = ("run", "pause", "stop")
 
 
@@ -41,6 +46,27 @@ def control_name(run_id: str) -> str:
 
 def claim_name(run_id: str) -> str:
     return f"qatlab-claim-{run_id}"
+
+
+def weights_name(run_id: str) -> str:
+    return f"qatlab-weights-{run_id}"
+
+
+def pack_weights(weights: dict) -> dict:
+    """``{layer: (latent W, quantized W)}`` as ``{layer: [latent bytes, quantized bytes]}`` of at most
+    :data:`WEIGHTS_POINTS` float32 values each (the same evenly strided positions in both)."""
+    out = {}
+    for name, (latent, quantized) in weights.items():
+        latent, quantized = np.asarray(latent).ravel(), np.asarray(quantized).ravel()
+        stride = max(1, -(-latent.size // WEIGHTS_POINTS))
+        out[name] = [np.ascontiguousarray(latent[::stride], np.float32).tobytes(),
+                     np.ascontiguousarray(quantized[::stride], np.float32).tobytes()]
+    return out
+
+
+def unpack_weights(packed: dict) -> dict:
+    """The inverse of :func:`pack_weights`: ``{layer: (latent, quantized)}`` float32 arrays."""
+    return {name: (np.frombuffer(a, np.float32), np.frombuffer(b, np.float32)) for name, (a, b) in packed.items()}
 
 
 class _RowLog(MetricsLog):
@@ -146,7 +172,8 @@ def _claim(client, run_id: str, address: str) -> None:
 
 def run_on_worker(config: dict, run_id: str) -> dict:
     """Train ``config`` (an ExperimentConfig dict) as run ``run_id``; returns its end:
-    ``{"status", "message", "final", "rows" (rows sent), "model", "meta", "worker"}``."""
+    ``{"status", "message", "final", "rows" (rows sent), "model", "meta", "worker", "weights" (the
+    last weights published, :func:`pack_weights`, or None)}``."""
     from distributed import Variable, get_client, get_worker
 
     from ..config import ExperimentConfig
@@ -157,6 +184,8 @@ def run_on_worker(config: dict, run_id: str) -> dict:
     _claim(client, run_id, worker.address)
     check_data_here(cfg.data, worker.address)
     log, sender = _RowLog(), _Sender(worker, topic(run_id))
+    weights, last_weights = Variable(weights_name(run_id), client=client), [-math.inf, None]   # (when, packed)
+    weights.set({})                 # set before "start": the client reads it only after that event
     sender.event({"kind": "start", "worker": worker.address, "pid": os.getpid(), "host": socket.gethostname()})
     key = worker.get_current_task()
 
@@ -171,13 +200,19 @@ def run_on_worker(config: dict, run_id: str) -> dict:
         sender.send(log)
         return control.proceed()
 
+    def publish_weights(snapshot: dict) -> None:
+        now = time.monotonic()
+        if now - last_weights[0] >= WEIGHTS_SECONDS:
+            last_weights[:] = now, pack_weights(snapshot)
+            weights.set(last_weights[1])
+
     try:
-        result = train_experiment(cfg, log, report=report)
+        result = train_experiment(cfg, log, report=report, publish_weights=publish_weights)
     finally:
         control.close()
         sender.send(log, force=True)      # the last rows (also those before an exception)
     return {"status": result.status, "message": result.message, "final": result.final, "rows": sender.sent,
-            "model": result.model, "meta": log.meta, "worker": worker.address}
+            "model": result.model, "meta": log.meta, "worker": worker.address, "weights": last_weights[1]}
 
 
 def forget_topic(dask_scheduler, name: str) -> None:

@@ -144,12 +144,12 @@ class SweepHandle:
 
     def __init__(self, sweep: Sweep, store=None, client=None, owner=None):
         from ..executor import cluster
-        from ..executor.remote import _store
+        from ..executor.remote import default_store
         from ..store import RunStore
         if store is not None and not isinstance(store, RunStore):
             raise TypeError(f"store: expected a RunStore or None, got {type(store).__name__}")
         self.sweep, self.owner = sweep, owner
-        self.store = store if store is not None else _store()
+        self.store = store if store is not None else default_store()
         self.client = client if client is not None else cluster.connect()
         # (No run is submitted ahead of a free slot: Dask would hand it to a worker's queue, and a
         # worker that dies fails every run it was given, started or not, since none is retried.)

@@ -27,15 +27,12 @@ digits step; it also held the GIL, which the dashboard's event loop and the othe
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import threading
 import time
 
 import numpy as np
 
-from .. import parallel
 from ..config import ExperimentConfig
 from ..data import Dataset, load_dataset
 from ..diverged import NonFiniteError
@@ -52,39 +49,7 @@ from ..quant import FLOAT32_EPS, SCALE_MAX, FakeQuantize, TernaryQuantizer, _noi
 from .build import build_model, check_cnn, set_observing
 
 EVAL_CHUNK = 1024
-#: At most this many training steps run at once in the process (one per core, plus one); the other
-#: runs' threads wait on it, not on the GIL, so several runs share the cores without starving each
-#: other or the dashboard's event loop. The extra slot keeps the cores busy while a slot holder runs
-#: its Python between kernels, waiting for the GIL (more four-run throughput than two or four slots).
-STEP_SLOT_COUNT = parallel.cores() + 1
-STEP_SLOTS = threading.BoundedSemaphore(STEP_SLOT_COUNT)
 SNAPSHOT_SECONDS = 0.5
-_paused = threading.local()
-
-
-@contextlib.contextmanager
-def training_paused():
-    """Hold every :data:`STEP_SLOTS` slot while the block runs: steps in progress finish, no new
-    step starts. Re-entrant within a thread.
-
-    The dashboard wraps its short heavy UI work in it (building figures after Start, Compare, a
-    tab switch or a plot option): that work holds the server's event loop, which answers no other
-    request meanwhile, and it would otherwise share the GIL and the cores with the training steps.
-    """
-    depth = getattr(_paused, "depth", 0)
-    slots = STEP_SLOTS
-    taken = 0
-    try:
-        if depth == 0:
-            for _ in range(STEP_SLOT_COUNT):
-                slots.acquire()
-                taken += 1
-        _paused.depth = depth + 1
-        yield
-    finally:
-        _paused.depth = depth
-        for _ in range(taken):
-            slots.release()
 
 
 class _Loss:
@@ -338,11 +303,10 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
                     run = to_row if phase is None else phase.backward_run_length(to_row)
                 if run:
                     t_before, idx = opt.t, order[pos: pos + run * bs]
-                    with STEP_SLOTS:
-                        if phase is None:
-                            fused.steps(data.X_train, idx, run, **block)
-                        else:
-                            phase.backward_run(data.X_train, idx, run, **block)
+                    if phase is None:
+                        fused.steps(data.X_train, idx, run, **block)
+                    else:
+                        phase.backward_run(data.X_train, idx, run, **block)
                     losses, lr, n_rows = fused.losses.tolist(), opt.schedule(t_before + len(fused.losses) - 1), bs
                     correct, counted, used = int(fused.correct.sum()), len(losses) * bs, len(losses) * bs
                 # a predict block, to its end or the epoch's: its PREDICT steps read no batch (the run may end on
@@ -350,9 +314,8 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
                 elif phase is not None and (run := phase.block_run_length(-(-left // bs))):
                     t_before, before = opt.t, time.perf_counter() - t0
                     rows = [j for j in range(run) if (step + j + 1) % every == 0 or step + j == 0]
-                    with STEP_SLOTS:
-                        losses, correct, n_rows, records = phase.block_run(data.X_train, order[pos: pos + run * bs], run,
-                                                                           bs, rows=rows, **block)
+                    losses, correct, n_rows, records = phase.block_run(data.X_train, order[pos: pos + run * bs], run,
+                                                                       bs, rows=rows, **block)
                     counted, used = n_rows * sum(v is not None for v in losses), min(len(losses) * bs, left)
                     for j, row_loss, seconds, updates, sums, columns in records:
                         layers, nonzero = _merged(_layer_row_of_sums(mlp, i, sums[LAYER_SUMS * i:LAYER_SUMS * (i + 1)])
@@ -366,16 +329,15 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
                     xb = data.X_train.take(idx, axis=0, out=xbuf[: len(idx)])   # the method: np.take's
                     yb = data.y_train.take(idx, axis=0, out=ybuf[: len(idx)])   # wrapper costs 0.6 us more
                     lr, n_rows = opt.lr, len(idx)
-                    with STEP_SLOTS:
-                        if phase is None and fused is not None:
-                            loss = fused(xb, **loss_fn.fused(yb), lr=lr)
-                        elif phase is None:
-                            loss = loss_fn(mlp.forward(xb, scratch), yb, grads.d_output_mut())
-                            if math.isfinite(loss):
-                                mlp.backward(xb, scratch, grads, need_input_grad=False)
-                                update(grads.flat(), True)
-                        else:   # a PREDICT step measures its loss only for a metrics row (None otherwise)
-                            loss = phase.step(xb, yb, update, need_loss=(step + 1) % every == 0 or step == 0)
+                    if phase is None and fused is not None:
+                        loss = fused(xb, **loss_fn.fused(yb), lr=lr)
+                    elif phase is None:
+                        loss = loss_fn(mlp.forward(xb, scratch), yb, grads.d_output_mut())
+                        if math.isfinite(loss):
+                            mlp.backward(xb, scratch, grads, need_input_grad=False)
+                            update(grads.flat(), True)
+                    else:   # a PREDICT step measures its loss only for a metrics row (None otherwise)
+                        loss = phase.step(xb, yb, update, need_loss=(step + 1) % every == 0 or step == 0)
                     losses, correct, counted, used = [loss], 0, 0, n_rows
                     if loss is not None and math.isfinite(loss) and loss_fn.classify:
                         out = scratch.output()    # gradient accumulation leaves the last micro-batch's rows

@@ -33,12 +33,13 @@ Stable Bokeh model names, for ``Bokeh.documents[0].get_model_by_name(name)`` in 
   ``qatlab-plot-controls``.
 
 Plumbing: :mod:`~qatlab.ui.streaming` (log rows -> sources), :mod:`~qatlab.ui.figures` (figure
-factories), :mod:`~qatlab.ui.ranges` (server-fitted axis ranges), :mod:`~qatlab.ui.render_patch`
-(BokehJS repaint hot spots patched in the page), :mod:`~qatlab.ui.theme` (air-gapped template).
+factories), :mod:`~qatlab.ui.ranges` (server-fitted axis ranges), :mod:`~qatlab.ui.internals`
+(every use of private Panel/Bokeh internals, behind ``QATLAB_PANEL_INTERNALS``),
+:mod:`~qatlab.ui.theme` (air-gapped template).
 
-Run ids are ``run-0001``, ``run-0002``, ... (``LocalRun.id``). Tabs are ``Overview``,
-``STE comparison``, ``Quantization``, ``Phases``, ``Runs``; a tab's figures are built and
-enter the page when the tab is opened, and only the open tab's runs are streamed.
+Run ids are the run store's (``RemoteRun.id``). Tabs are ``Overview``, ``STE comparison``,
+``Quantization``, ``Phases``, ``Runs``, ``Sweeps``; a tab's figures are built and enter the page
+when the tab is opened, and only the open tab's runs are streamed.
 """
 from ..blas import limit_blas_threads  # noqa: F401  (re-exported; `import qatlab` applies it)
 from .base import LiveView, PlotOptions  # noqa: E402

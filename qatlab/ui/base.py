@@ -6,10 +6,9 @@ owns its hub, then :meth:`LiveView.refresh` for the non-streamed parts: tables,
 histograms, status text). Changing ``log_y`` or ``x_axis`` rebuilds the view's
 figures from the same sources (Bokeh cannot swap a live figure's scale type).
 
-Rebuilding figures pauses training (``training_paused``) for its fraction of a second, so the
-event loop has the GIL to itself meanwhile; in a server session a view with ``rebuild_steps``
-(the STE comparison's six figures) builds one figure per event-loop turn and shows them in two
-steps. The time-series figures' ranges are fitted on the server once per tick
+In a server session a view with ``rebuild_steps`` (the STE comparison's six figures) builds one
+figure per event-loop turn and shows them in two steps, so other sessions' requests are answered
+in between. The time-series figures' ranges are fitted on the server once per tick
 (:meth:`LiveView.fit_ranges`).
 
 Per tick, all Bokeh events go to the browser as one message (``pn.io.hold``); status text
@@ -24,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 import time
 import weakref
 
@@ -32,7 +30,7 @@ import panel as pn
 import param
 from panel.io.state import set_curdoc
 
-from ..train.experiment import training_paused
+from . import internals
 from .ranges import RangeFitter
 from .streaming import StreamHub
 
@@ -192,12 +190,11 @@ class LiveView(pn.viewable.Viewer):
             self._building = True
             doc.add_next_tick_callback(functools.partial(self._rebuild_in_pieces, doc, self._build_id))
         else:
-            with training_paused():
-                self.rebuild()
+            self.rebuild()
 
     async def _rebuild_in_pieces(self, doc, build_id: int) -> None:
-        """Run ``rebuild_steps()`` one piece (one figure) at a time, each with training paused,
-        yielding to the event loop in between: the server answers other requests and sessions
+        """Run ``rebuild_steps()`` one piece (one figure) at a time, yielding to the event loop in
+        between: the server answers other requests and sessions
         meanwhile instead of after the whole rebuild (eight sessions pressing Compare at once
         held it for 5 s). The pieces of all sessions take turns (:func:`_build_turn`), so one
         event-loop turn runs one piece, not one per rebuilding session. A newer rebuild request
@@ -212,7 +209,7 @@ class LiveView(pn.viewable.Viewer):
                     if build_id != self._build_id or _page_closed(doc):   # nobody to show it to
                         return
                     start = time.perf_counter()
-                    with set_curdoc(doc), training_paused():
+                    with set_curdoc(doc):
                         if next(pieces, _DONE) is _DONE:
                             return
                     if _active_builds > 1:
@@ -231,9 +228,7 @@ class LiveView(pn.viewable.Viewer):
 
     def when_built(self, callback) -> None:
         """Call ``callback()`` once the figures requested so far are shown: now, or when a rebuild
-        in pieces ends (the Dashboard then waits for the page to draw them, :mod:`qatlab.ui.drawn`,
-        and starts a comparison's runs, so that building and drawing the figures does not pause or
-        slow the runs it is about to show)."""
+        in pieces ends."""
         if self._building:
             self._after_build.append(callback)
         else:
@@ -269,58 +264,13 @@ class LiveView(pn.viewable.Viewer):
         return self._root
 
 
-class TickGovernor:
-    """Sheds streaming ticks when the ticks of all sessions together fill more than ``limit`` of
-    the event loop's time.
-
-    busy = the seconds spent in ticks, decayed exponentially with time constant ``window`` s, per
-    ``window`` s (r ticks/s of d s each give busy = r d). While busy < ``limit`` every tick runs
-    (one page streaming four runs at 10 Hz keeps it near 0.05). Above it a session ticks only
-    once its previous tick is ``max_gap`` s old, so its page refreshes at 1 / max_gap Hz at least
-    and the loop keeps time for requests, clicks and figure building. Measured with eight
-    sessions comparing STE kinds at once, browsers on the same two cores: the server's
-    answers to a static file took up to 2.1-3.1 s without this.
-    """
-
-    def __init__(self, limit: float = 0.5, max_gap: float = 0.5, window: float = 1.0, clock=time.perf_counter):
-        self.limit, self.max_gap, self.window, self.clock = limit, max_gap, window, clock
-        self._busy = 0.0                        # decayed tick seconds, as of self._at
-        self._at = clock()
-        self._last = weakref.WeakKeyDictionary()   # session's view -> end of its last tick
-
-    def busy(self, now: float | None = None) -> float:
-        """Share of the loop's recent time spent in ticks (see class doc)."""
-        now = self.clock() if now is None else now
-        return self._busy * math.exp(-(now - self._at) / self.window) / self.window
-
-    def admit(self, key) -> bool:
-        """Whether the session ``key`` (a weak-referenceable object) may tick now."""
-        now = self.clock()
-        if self.busy(now) < self.limit:
-            return True
-        last = self._last.get(key)
-        return last is None or now - last >= self.max_gap
-
-    def record(self, key, start: float, end: float) -> None:
-        """A tick of ``key`` ran from ``start`` to ``end`` (clock seconds)."""
-        self._busy = self._busy * math.exp(-(end - self._at) / self.window) + (end - start)
-        self._at = end
-        self._last[key] = end
-
-
-#: The process's governor: every session's ticks run on the server's one event loop.
-TICKS = TickGovernor()
-
-
 def streaming_tick(pull, root) -> None:
     """One periodic tick: ``pull()`` with all its Bokeh events sent as one message, pushed to a
     notebook's ``root`` view when not in a server session; an exception is logged, never raised
     (a bad tick must not kill the session's callback). Skipped while the session's page is
-    gone (:func:`page_disconnected`) and when :data:`TICKS` sheds it."""
-    key = getattr(pull, "__self__", pull)
-    if page_disconnected() or not TICKS.admit(key):
+    gone (:func:`page_disconnected`)."""
+    if page_disconnected():
         return
-    start = TICKS.clock()
     try:
         with pn.io.hold():
             pull()
@@ -328,8 +278,6 @@ def streaming_tick(pull, root) -> None:
             pn.io.push_notebook(root)   # notebook: Bokeh model edits need an explicit push
     except Exception:
         log.exception("qatlab: streaming tick failed")
-    finally:
-        TICKS.record(key, start, TICKS.clock())
 
 
 def _page_closed(doc) -> bool:
@@ -343,8 +291,7 @@ def page_disconnected() -> bool:
     (or has not connected yet). Bokeh destroys such a session only 15-30 s later; ticking it
     meanwhile pulls and renders for nobody, on the CPU the training runs need. A reconnecting
     page resumes the ticks, and the first one catches up (the hub keeps each run's cursor)."""
-    ctx = getattr(pn.state.curdoc, "session_context", None)
-    session = getattr(ctx, "_session", None)   # bokeh ServerSession (None in notebooks)
+    session = internals.server_session(getattr(pn.state.curdoc, "session_context", None))
     return session is not None and session.connection_count == 0
 
 
@@ -356,7 +303,8 @@ class PageWatch:
     """Tells when the page of a server session has closed: it had a browser connection and has
     had none for ``grace`` seconds (or the session is gone). Bokeh destroys such a session only
     15-30 s later; the Dashboard asks on every tick and stops its runs at once. A session whose
-    page never connected is not "gone" here (Bokeh expires it). Outside a server: never gone.
+    page never connected is not "gone" here (Bokeh expires it). Outside a server, or with
+    :mod:`~qatlab.ui.internals` switched off: never gone.
 
     Args:
         doc: the session's Document (``pn.state.curdoc`` when the Dashboard is built).
@@ -372,8 +320,7 @@ class PageWatch:
             quiet_closed_sockets()
 
     def _session(self):
-        ctx = self._ctx() if self._ctx is not None else None
-        return getattr(ctx, "_session", None)   # bokeh ServerSession
+        return internals.server_session(self._ctx() if self._ctx is not None else None)
 
     def gone(self) -> bool:
         if self._ctx is None:
@@ -439,9 +386,7 @@ def periodic_callback(callback, period: int = PERIOD_MS):
     """
     cb = pn.io.PeriodicCallback(callback=callback, period=period, background=True)
     cb.start()
-    doc = pn.state.curdoc
-    if doc is not None:
-        pn.state._periodic.setdefault(doc, []).append(cb)
+    internals.stop_with_session(pn.state.curdoc, cb)
     return cb
 
 

@@ -1,30 +1,26 @@
 """The composed dashboard of one session: sidebar, tabs, one periodic callback, cleanup.
 
 :class:`Dashboard` wires the views to one :class:`~qatlab.ui.streaming.StreamHub` and
-one :class:`~qatlab.ui.base.PlotOptions`, and is the only place that creates runs:
+one :class:`~qatlab.ui.base.PlotOptions`, and is the only place that creates runs. The server
+trains nothing: every run is a :class:`~qatlab.executor.remote.RemoteRun` (``ql.Run``) on the Dask
+client (:func:`qatlab.executor.connect`: the local cluster, or ``$QATLAB_SCHEDULER``), its rows
+streamed back into ``run.log`` and kept in the run store (``$QATLAB_STORE``):
 
-- ``Start``: ``LocalRun(config, owner=<session id>, keep_alive=<checkbox>)`` shown in Overview,
-  Quantization and Phases;
-- ``Compare STE kinds``: ``start_ste_comparison(config, owner=..., start=False)``, shown in the
-  STE tab; the four runs start once the page has drawn its figures (in a server session they are
-  built one per event-loop turn, :meth:`~qatlab.ui.base.LiveView.request_rebuild`, shown in two
-  steps, and the page answers when it has drawn them, :mod:`qatlab.ui.drawn`; at most 2 s later);
+- ``Start``: one run of the sidebar config, shown in Overview, Quantization and Phases;
+- ``Compare STE kinds``: one run per SteKind, started together, shown in the STE tab;
 - ``Stop`` / ``Pause`` / ``Resume``: the session's latest run or comparison.
 
-Streaming: one ``pn.state.add_periodic_callback(..., period=100)`` per session calls
-:meth:`Dashboard.pull`: the hub streams new rows of every shown run, the sidebar
-progress updates, and only the *visible* tab refreshes its tables/histograms. Ticks are
-skipped while the session's page has no connection (closed or reloaded, not yet destroyed).
+Streaming: one periodic callback (``period=100`` ms) per session calls :meth:`Dashboard.pull`:
+the hub streams new rows of the visible tab's runs, the sidebar progress updates, and only the
+visible tab refreshes its tables/histograms. Ticks are skipped while the session's page has no
+connection (closed or reloaded, not yet destroyed).
 
 Cleanup: when the session's page closes (each tick asks :class:`~qatlab.ui.base.PageWatch`:
 no connection for 0.1 s after having one) or the session is destroyed
-(``pn.state.on_session_destroyed``), the periodic callback stops, and every run this session
-owns that is not ``keep_alive`` is stopped at once, then joined and released (model dropped,
-history kept) on a small reaper thread, so the server's event loop never blocks; a comparison
-whose page closed before its figures were drawn never starts. ``close(join_timeout=...)`` does
-the same by hand (notebooks, tests). Runs themselves belong to the process
-(``qatlab.runs.all_runs()``), so a keep-alive run stays listed in the Runs tab of later sessions;
-the Runs tab lets a page change only its own runs while they are active.
+(``pn.state.on_session_destroyed``), the periodic callback stops and every run this session
+owns that is not ``keep_alive`` is asked to stop at once (its worker stops within a step); a
+reaper thread then waits for their results and drops their models from this process (the store
+keeps them). ``close(join_timeout=...)`` does the same by hand (notebooks, tests).
 """
 from __future__ import annotations
 
@@ -37,12 +33,12 @@ import weakref
 import panel as pn
 import param
 
-from ..runs import LocalRun, all_runs, start_ste_comparison
-from ..train.experiment import training_paused
-from . import render_patch
+from ..config import SteKind
+from ..executor import cluster
+from ..executor.remote import RemoteRun, active_runs, default_store
+from . import internals
 from .base import PERIOD_MS, PageWatch, PlotOptions, periodic_callback, streaming_tick
 from .config_panel import ConfigPanel
-from .drawn import when_drawn
 from .phase_view import PhaseView
 from .quant_view import QuantView
 from .run_view import RunStatus, RunView
@@ -62,8 +58,8 @@ _groups = itertools.count(1)
 DASHBOARDS: "weakref.WeakSet[Dashboard]" = weakref.WeakSet()
 
 
-def _join_and_release(runs: list[LocalRun], timeout: float) -> None:
-    """Join runs a closing page stopped and drop their models (nobody can show them any more)."""
+def _join_and_release(runs: list, timeout: float) -> None:
+    """Wait for the results of runs a closing page stopped and drop their models from this process."""
     for run in runs:
         if run.join(timeout) and run.done:
             run.release()
@@ -79,19 +75,24 @@ class Dashboard(pn.viewable.Viewer):
     """Sidebar + tabs of one session.
 
     Args:
-        config: initial ExperimentConfig (default: a fresh one).
+        config: initial ExperimentConfig (default: :func:`~qatlab.config.dashboard_config`).
         owner: owner id stamped on runs (default: the server session id, else ``local-<uuid>``).
         period: periodic callback period in ms (0 disables streaming; call :meth:`pull` yourself).
+        client: the Dask client runs train on (default: :func:`qatlab.executor.connect`, on first use).
+        store: the RunStore runs are kept in (default: the process's ``RunStore()``).
     """
 
-    current = param.ClassSelector(class_=LocalRun, default=None, allow_None=True,
-                                  doc="LocalRun shown in Overview, Quantization and Phases.")
-    comparison = param.Dict(default={}, doc="{SteKind: LocalRun} shown in the STE comparison tab.")
+    current = param.Parameter(default=None, doc="The run shown in Overview, Quantization and Phases.")
+    comparison = param.Dict(default={}, doc="{SteKind: run} shown in the STE comparison tab.")
 
-    def __init__(self, config=None, owner: str | None = None, period: int = PERIOD_MS, **params):
+    def __init__(self, config=None, owner: str | None = None, period: int = PERIOD_MS, client=None, store=None,
+                 **params):
         super().__init__(**params)
         session = _session_id()
         self.owner = owner or session or f"local-{uuid.uuid4().hex[:8]}"
+        self._client = client
+        self.store = store if store is not None else default_store()
+        self._started: list[RemoteRun] = []     # this page's runs that may still be active
         self.options = PlotOptions()
         self.hub = StreamHub(self.options.smoothing)
         self.options.param.watch(lambda e: self.hub.set_smoothing(e.new), "smoothing")
@@ -104,8 +105,10 @@ class Dashboard(pn.viewable.Viewer):
         self.ste = SteCompareView(**shared)
         self.quant = QuantView(**shared)
         self.phases = PhaseView(**shared)
-        self.runs = RunsTable(on_show=self.show, owner=self.owner, **shared)
-        self.sweeps = SweepView(config_source=self.config_panel.validated, owner=self.owner, **shared)  # Dask workers
+        self.runs = RunsTable(store=self.store, live_runs=self.live_runs, on_show=self.show,
+                              on_load_config=self.config_panel.load_config, owner=self.owner, **shared)
+        self.sweeps = SweepView(config_source=self.config_panel.validated, owner=self.owner, store=self.store,
+                                client=client, **shared)
         self.views = [self.overview, self.ste, self.quant, self.phases, self.runs, self.sweeps]
         self.tabs = pn.Tabs(*zip(TAB_NAMES, self.views), dynamic=True, sizing_mode="stretch_width",
                             name="qatlab-tabs")
@@ -125,86 +128,90 @@ class Dashboard(pn.viewable.Viewer):
         DASHBOARDS.add(self)
         if session is not None:
             pn.state.on_session_destroyed(self._on_session_destroyed)
-            render_patch.install(pn.state.curdoc)
+            internals.install_render_patch(pn.state.curdoc)
         if period and session is not None:
             self.start_streaming(period)
 
+    @property
+    def client(self):
+        """The Dask client runs train on (connected on first use)."""
+        if self._client is None:
+            self._client = cluster.connect()
+        return self._client
+
     # ------------------------------------------------------------ actions
-    def start_run(self) -> LocalRun | None:
-        """``Start``: validate the sidebar config and start one run (None if the config is invalid)."""
-        with training_paused():   # building the figures: the event loop gets the GIL to itself
-            cfg = self.config_panel.validated()
-            if cfg is None:
-                return None
-            try:
-                run = LocalRun(cfg, owner=self.owner, keep_alive=self.config_panel.keep_alive.value)
-            except (ValueError, TypeError) as exc:
-                self.config_panel.notify_error(str(exc))
-                return None
-            self.current = run          # the current tab stays; figures first, then the run starts (when the block ends)
-            self.status.runs = [run]
-            run.start()
-            self.refresh(force=True)
-            return run
+    def _start(self, configs: dict) -> dict | None:
+        """Start one RemoteRun per ``{key: (config, name)}``; on a refusal (config, memory, no
+        cluster) stop those already started, show why and return None."""
+        runs = {}
+        try:
+            for key, (cfg, name) in configs.items():
+                runs[key] = RemoteRun(cfg, name=name, owner=self.owner, keep_alive=self.config_panel.keep_alive.value,
+                                      store=self.store, client=self.client).start()
+        except (ValueError, TypeError, OSError, TimeoutError) as exc:
+            for run in runs.values():
+                run.stop()
+            self.config_panel.notify_error(str(exc))
+            return None
+        self._started = [r for r in self._started if not r.done] + list(runs.values())
+        self.status.runs = list(runs.values())
+        return runs
+
+    def start_run(self) -> RemoteRun | None:
+        """``Start``: validate the sidebar config and start one run (None if it is refused)."""
+        cfg = self.config_panel.validated()
+        runs = None if cfg is None else self._start({"run": (cfg, None)})
+        if runs is None:
+            return None
+        self.current = runs["run"]          # the current tab stays
+        self.refresh(force=True)
+        return runs["run"]
 
     def compare_ste(self) -> dict | None:
-        """``Compare STE kinds``: train the sidebar config once per SteKind, concurrently."""
-        with training_paused():   # building the figures: the event loop gets the GIL to itself
-            cfg = self.config_panel.validated()
-            if cfg is None:
-                return None
-            try:
-                runs = start_ste_comparison(cfg, owner=self.owner, group=f"cmp{next(_groups)}", start=False)
-            except (ValueError, TypeError, RuntimeError) as exc:
-                self.config_panel.notify_error(str(exc))
-                return None
-            self.tabs.active = 1
-            self.comparison = runs      # builds the figures (in a server session: in pieces, later)
-            self.status.runs = list(runs.values())
-            for run in runs.values():
-                run.keep_alive = self.config_panel.keep_alive.value
-
-            def start():                # the runs start once the page has drawn their figures ...
-                if not self.closed and self.page.gone():
-                    self._close_and_reap()
-                for run in runs.values():  # ... unless it closed before (keep-alive runs start anyway)
-                    if self.closed and not run.keep_alive:
-                        run.stop()
-                    else:
-                        run.start()
-                if not self.closed:
-                    self.refresh(force=True)  # statuses "running" now, not after the next throttle period
-            self.status.refresh(force=True)
-            self.ste.when_built(lambda: when_drawn(self.ste.figures.get("loss"), start))
-            return runs
-
-    def _active_runs(self) -> list[LocalRun]:
-        return list(self.status.runs)
+        """``Compare STE kinds``: train the sidebar config once per SteKind, together."""
+        cfg = self.config_panel.validated()
+        if cfg is None:
+            return None
+        group, configs = f"cmp{next(_groups)}", {}
+        for kind in SteKind:
+            configs[kind] = (cfg.copy(), f"{group} {kind.value}")
+            configs[kind][0].quant.ste = kind.value
+        runs = self._start(configs)
+        if runs is None:
+            return None
+        self.tabs.active = 1
+        self.comparison = runs
+        self.refresh(force=True)
+        return runs
 
     def stop(self) -> None:
         """``Stop``: stop the session's latest run or comparison."""
-        for run in self._active_runs():
+        for run in self.status.runs:
             if not run.done:
                 run.stop()
 
     def pause(self) -> None:
         """``Pause`` the latest run or comparison."""
-        for run in self._active_runs():
+        for run in self.status.runs:
             run.pause()
 
     def resume(self) -> None:
         """``Resume`` the latest run or comparison."""
-        for run in self._active_runs():
+        for run in self.status.runs:
             run.resume()
 
-    def show(self, run: LocalRun) -> None:
-        """Show ``run`` in Overview / Quantization / Phases (from the Runs tab)."""
+    def show(self, run) -> None:
+        """Show ``run`` (a live run or a stored one) in Overview / Quantization / Phases (from the Runs tab)."""
         self.current = run
         self.tabs.active = 0
 
-    def owned_runs(self) -> list[LocalRun]:
-        """Every run this session started."""
-        return [r for r in all_runs() if r.owner == self.owner]
+    def owned_runs(self) -> list[RemoteRun]:
+        """This page's runs that have not ended."""
+        return [r for r in self._started if not r.done]
+
+    def live_runs(self) -> list[RemoteRun]:
+        """Runs of this process whose rows arrive here: every page's active ones, and this page's."""
+        return list({id(r): r for r in [*active_runs(), *self._started]}.values())
 
     def _on_tab(self, event) -> None:
         for i, view in enumerate(self.views):
@@ -220,8 +227,7 @@ class Dashboard(pn.viewable.Viewer):
 
     def _on_keep_alive(self, event) -> None:
         for run in self.owned_runs():
-            if not run.done:
-                run.keep_alive = bool(event.new)
+            run.keep_alive = bool(event.new)
 
     # ------------------------------------------------------------ streaming
     def pull(self) -> None:
@@ -259,9 +265,9 @@ class Dashboard(pn.viewable.Viewer):
         return self._periodic is not None and self._periodic.running
 
     # ------------------------------------------------------------ cleanup
-    def close(self, join_timeout: float | None = JOIN_TIMEOUT) -> list[LocalRun]:
-        """Stop streaming and stop owned runs that are not keep-alive; with ``join_timeout``, join
-        them and release their models (:meth:`~qatlab.runs.LocalRun.release`; their history stays).
+    def close(self, join_timeout: float | None = JOIN_TIMEOUT) -> list[RemoteRun]:
+        """Stop streaming and stop owned runs that are not keep-alive; with ``join_timeout``, wait
+        for their results and drop their models from this process (the store keeps them).
 
         Returns the runs that were asked to stop. Idempotent: a second call returns [].
         """

@@ -20,7 +20,7 @@ import panel as pn
 import param
 from bokeh.models import Range1d
 
-from ..runs import LocalRun
+from ..progress import RunProgress
 from . import figures as F
 from .base import LiveView, bokeh_pane
 
@@ -28,9 +28,9 @@ from .base import LiveView, bokeh_pane
 class PhaseView(LiveView):
     """Phase timeline, backward passes saved, prediction quality and adaptive lengths of one run."""
 
-    run = param.ClassSelector(class_=LocalRun, default=None, allow_None=True, doc="The run shown.")
+    run = param.ClassSelector(class_=RunProgress, default=None, allow_None=True, doc="The run shown.")
 
-    def __init__(self, run: LocalRun | None = None, hub=None, options=None, lazy: bool = False, **params):
+    def __init__(self, run: RunProgress | None = None, hub=None, options=None, lazy: bool = False, **params):
         super().__init__(hub, options, lazy, **params)
         self.figures: dict = {}
         self.intro = pn.pane.Markdown("", margin=(5, 10))

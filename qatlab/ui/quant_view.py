@@ -1,7 +1,8 @@
 """Quantization tab: per-layer latent vs quantized weight histograms, and quantizer state over time.
 
-Histograms come from ``LocalRun.weight_snapshot()`` (copies the training loop publishes
-about twice a second); they are recomputed only when a new snapshot appears.
+Histograms come from the run's ``weight_snapshot()``: the latest weights its worker published
+(about once a second, at most 16,384 evenly strided weights per layer); they are recomputed only
+when a new snapshot appears.
 Sources ``hist-latent-layer<i>`` / ``hist-quant-layer<i>`` (columns left, right,
 count) feed figures ``fig-hist-latent-<i>`` / ``fig-hist-quant-<i>``.
 
@@ -20,7 +21,7 @@ import panel as pn
 import param
 from bokeh.models import ColumnDataSource, Range1d
 
-from ..runs import LocalRun
+from ..progress import RunProgress
 from . import figures as F
 from .base import LiveView, bokeh_pane
 from .streaming import n_layers_of
@@ -78,9 +79,9 @@ def describe_quant(q) -> str:
 class QuantView(LiveView):
     """Per-layer weight histograms (live) and quantizer statistics over time for one run."""
 
-    run = param.ClassSelector(class_=LocalRun, default=None, allow_None=True, doc="The run shown.")
+    run = param.ClassSelector(class_=RunProgress, default=None, allow_None=True, doc="The run shown.")
 
-    def __init__(self, run: LocalRun | None = None, hub=None, options=None, lazy: bool = False, **params):
+    def __init__(self, run: RunProgress | None = None, hub=None, options=None, lazy: bool = False, **params):
         super().__init__(hub, options, lazy, **params)
         self.figures: dict = {}
         self.hist_sources: dict[str, ColumnDataSource] = {}

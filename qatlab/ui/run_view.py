@@ -24,7 +24,7 @@ import panel as pn
 import param
 
 from .. import warmup
-from ..runs import LocalRun
+from ..progress import RunProgress
 from . import figures as F
 from .base import LiveView, Throttle, bokeh_pane, short_message
 
@@ -44,7 +44,7 @@ def format_seconds(seconds: float) -> str:
     return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
 
-def progress_text(runs: list[LocalRun]) -> tuple[float, str]:
+def progress_text(runs: list[RunProgress]) -> tuple[float, str]:
     """(progress 0..1, ``"step a / b · r steps/s · ETA t"``) of one run or a group of runs."""
     compiling = warmup.status_text()   # Numba compiling: say so rather than "step 0 · loss nan"
     if compiling and not any(r.steps_done or r.done for r in runs):
@@ -63,7 +63,7 @@ def progress_text(runs: list[LocalRun]) -> tuple[float, str]:
     return frac, f"step {done:,} / {total:,} · {rate:,.0f} steps/s · ETA {format_seconds(eta)}"
 
 
-def group_status(runs: list[LocalRun]) -> str:
+def group_status(runs: list[RunProgress]) -> str:
     """The single run's status, or e.g. ``running (2 running, 2 finished)`` for a group."""
     if not runs:
         return "idle"
@@ -82,7 +82,7 @@ def group_status(runs: list[LocalRun]) -> str:
 class RunStatus(pn.viewable.Viewer):
     """Sidebar progress for the runs the session started last (one run or a comparison)."""
 
-    runs = param.List(default=[], item_type=LocalRun, doc="Runs summarised (a single run or a comparison group).")
+    runs = param.List(default=[], item_type=RunProgress, doc="Runs summarised (a single run or a comparison group).")
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -116,9 +116,9 @@ class RunStatus(pn.viewable.Viewer):
 class RunView(LiveView):
     """Overview tab: live loss/accuracy/speedup of one run, with its status."""
 
-    run = param.ClassSelector(class_=LocalRun, default=None, allow_None=True, doc="The run shown.")
+    run = param.ClassSelector(class_=RunProgress, default=None, allow_None=True, doc="The run shown.")
 
-    def __init__(self, run: LocalRun | None = None, hub=None, options=None, lazy: bool = False, **params):
+    def __init__(self, run: RunProgress | None = None, hub=None, options=None, lazy: bool = False, **params):
         super().__init__(hub, options, lazy, **params)
         self.figures: dict = {}
         self._text_throttle = Throttle()

@@ -44,7 +44,7 @@ _DASH_TEXT = {"solid": "───", "dashed": "‒ ‒", "dotted": "···", "do
 
 
 def summary_frame(runs: dict) -> pd.DataFrame:
-    """Ranking table of ``{kind: LocalRun}``: best latest test accuracy first, then fastest."""
+    """Ranking table of ``{kind: run}``: best latest test accuracy first, then fastest."""
     rows = []
     for kind, run in runs.items():
         acc = run.log.last("test_accuracy")
@@ -84,9 +84,9 @@ def summary_html(df: pd.DataFrame) -> str:
 
 
 class SteCompareView(LiveView):
-    """Overlaid curves, small multiples and a ranking for a ``{SteKind: LocalRun}`` comparison."""
+    """Overlaid curves, small multiples and a ranking for a ``{SteKind: run}`` comparison."""
 
-    runs = param.Dict(default={}, doc="{SteKind: LocalRun} of the comparison shown.")
+    runs = param.Dict(default={}, doc="{SteKind: run} of the comparison shown.")
 
     def __init__(self, runs: dict | None = None, hub=None, options=None, lazy: bool = False, **params):
         super().__init__(hub, options, lazy, **params)

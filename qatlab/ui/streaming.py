@@ -49,15 +49,15 @@ rows arrive resent each source whole at every doubling (a training source of 100
 the page received 2.2 MB in 3 s, one tick of them 1.1 MB.
 
 Thread rule: the hub is touched only on the session's event loop (the periodic
-callback or a widget callback). Training threads only append to MetricsLogs.
+callback or a widget callback). Runs append to their MetricsLogs from other threads (the Dask
+client's, a LocalRun's training thread).
 """
 from __future__ import annotations
 
 import base64
+import gzip
 import math
-import struct
 import sys
-import zlib
 
 import numpy as np
 from bokeh.core.property.validation import validate
@@ -95,38 +95,16 @@ class InlineList(list):
     """
 
 
-_GZIP_HEADER = b"\x1f\x8b\x08\x00\x01\x00\x00\x00\x00\xff"   # deflate, mtime 1, no flags, OS unknown
-_STORED_MAX = 65535
-
-
-def gzip_stored(data: bytes) -> bytes:
-    """A gzip stream of ``data`` in uncompressed ("stored") deflate blocks, as
-    ``gzip.compress(data, compresslevel=0, mtime=1)`` writes it (byte for byte up to 64 KiB).
-
-    Built in Python because zlib releases the GIL around every call: in a streaming tick, with
-    training threads holding the GIL, each of the ~100 calls a tick waited to get it back.
-    """
-    n = len(data)
-    parts = [_GZIP_HEADER]
-    for start in range(0, max(n, 1), _STORED_MAX):
-        chunk = data[start:start + _STORED_MAX]
-        last = start + _STORED_MAX >= n
-        parts += [struct.pack("<BHH", last, len(chunk), 0xFFFF ^ len(chunk)), chunk]
-    parts.append(struct.pack("<II", zlib.crc32(data), n & 0xFFFFFFFF))
-    return b"".join(parts)
-
-
 def _encode_inline(values: InlineList, serializer) -> dict:
-    """Bokeh's inline ndarray form: base64 of a gzip stream (what BokehJS decodes), here the stored
-    form (:func:`gzip_stored`), float64."""
+    """Bokeh's inline ndarray form: base64 of a gzip stream (what BokehJS decodes), float64, stored
+    uncompressed (compressing a few hundred numbers a tick costs more than it saves)."""
     data = np.asarray(values, dtype=np.float64)
-    packed = base64.b64encode(gzip_stored(data.tobytes())).decode("ascii")
+    packed = base64.b64encode(gzip.compress(data.tobytes(), compresslevel=0, mtime=1)).decode("ascii")
     return {"type": "ndarray", "array": {"type": "bytes", "data": packed}, "shape": list(data.shape),
             "dtype": "float64", "order": sys.byteorder}
 
 
-if InlineList not in Serializer._encoders:   # a module reload must not register it twice
-    Serializer.register(InlineList, _encode_inline)
+Serializer.register(InlineList, _encode_inline)
 
 
 def _payload(columns: dict) -> dict:
@@ -225,7 +203,7 @@ class RunStream:
     """One session's view of one run: cursor into the run's log and its four sources.
 
     Args:
-        run: a :class:`qatlab.runs.LocalRun` (read only: ``log``, ``config``, ``id``, ``done``).
+        run: a LocalRun, RemoteRun or stored run (read only: ``log``, ``config``, ``id``, ``done``).
         smoothing: initial EMA weight (0..0.99).
         cap: most rows kept in the training and the loss source (each thinned 2:1 beyond).
     """
