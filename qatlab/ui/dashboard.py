@@ -206,8 +206,9 @@ class Dashboard(pn.viewable.Viewer):
         self.tabs.active = 0
 
     def owned_runs(self) -> list[RemoteRun]:
-        """This page's runs that have not ended."""
-        return [r for r in self._started if not r.done]
+        """The runs this page holds: its latest run or comparison, and any earlier ones still active
+        (an ended run is dropped at the next start: the store keeps it)."""
+        return list(self._started)
 
     def live_runs(self) -> list[RemoteRun]:
         """Runs of this process whose rows arrive here: every page's active ones, and this page's."""
@@ -227,7 +228,8 @@ class Dashboard(pn.viewable.Viewer):
 
     def _on_keep_alive(self, event) -> None:
         for run in self.owned_runs():
-            run.keep_alive = bool(event.new)
+            if not run.done:
+                run.keep_alive = bool(event.new)
 
     # ------------------------------------------------------------ streaming
     def pull(self) -> None:

@@ -96,13 +96,13 @@ def test_a_paused_run_does_not_age():
 
 @pytest.mark.filterwarnings("ignore:The inplace keyword")
 @pytest.mark.parametrize("tab", [0, 2, 3, 4])
-def test_start_keeps_the_current_tab(tab):
+def test_start_keeps_the_current_tab(tab, client2):
     pytest.importorskip("panel")
     from qatlab.ui import Dashboard
     cfg = ql.ExperimentConfig()
     cfg.model.hidden = [32]
     cfg.optim.epochs = 10_000
-    dash = Dashboard(config=cfg, period=0)
+    dash = Dashboard(config=cfg, period=0, client=client2)
     dash.tabs.active = tab
     try:
         run = dash.start_run()

@@ -18,6 +18,7 @@ pn = pytest.importorskip("panel")
 
 import qatlab as ql  # noqa: E402
 from bokeh.client import pull_session  # noqa: E402
+from qatlab.executor.remote import active_runs  # noqa: E402
 from qatlab.ui import Dashboard, template_kwargs  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:The inplace keyword")
@@ -41,7 +42,7 @@ def _wait(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(client2):
     """A threaded server whose app starts a run, a comparison or a keep-alive run, by session number."""
     dashboards: list[Dashboard] = []
 
@@ -49,7 +50,7 @@ def server():
         cfg = ql.ExperimentConfig()
         cfg.model.hidden = [16]
         cfg.optim.epochs = LONG_EPOCHS
-        dash = Dashboard(config=cfg)
+        dash = Dashboard(config=cfg, client=client2)
         dashboards.append(dash)
         kind = len(dashboards) % 3
         if kind == 1:
@@ -134,7 +135,7 @@ def test_sessions_stream_then_stop_and_join_their_runs(server):
     assert all(r.status == "stopped" for r in stopped)
     assert all(d.reaper is None or _wait(lambda: not d.reaper.is_alive(), 30) for d in mine)
     assert kept[0].status == "paused"           # keep-alive: outlives its session ...
-    assert kept[0] in ql.runs.all_runs()        # ... and stays listed for later sessions
+    assert kept[0] in active_runs()             # ... and stays in this process's runs for later sessions
     kept[0].stop()
     assert kept[0].join(30) and kept[0].status == "stopped"
 

@@ -10,6 +10,7 @@ import pytest
 pn = pytest.importorskip("panel")
 
 import qatlab as ql  # noqa: E402
+from qatlab.store import RunStore  # noqa: E402
 from qatlab.ui import Dashboard  # noqa: E402
 from qatlab.ui import config_panel as cp  # noqa: E402
 from qatlab.ui.config_panel import ConfigPanel, card_markdown, doc_rule  # noqa: E402
@@ -289,10 +290,9 @@ def test_a_press_during_the_handler_is_dropped():
     assert calls == [1] and math.isfinite(panel._quiet_until)
 
 
-def test_dashboard_start_with_an_invalid_field_creates_no_run():
-    dash = Dashboard(period=0)
+def test_dashboard_start_with_an_invalid_field_creates_no_run(tmp_path):
+    dash = Dashboard(period=0, store=RunStore(tmp_path / "runs.sqlite"))
     typed(dash.config_panel, "optim.lr", "0")
-    before = len(ql.runs.all_runs())
     assert dash.start_run() is None and dash.compare_ste() is None
-    assert len(ql.runs.all_runs()) == before
+    assert dash.store.runs() == [] and dash._client is None
     assert "Learning rate" in dash.config_panel.error.object
