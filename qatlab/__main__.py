@@ -7,7 +7,6 @@ Rows reach the store at least once a second, so a run killed midway keeps its ro
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import math
 import os
@@ -18,6 +17,8 @@ import time
 import traceback
 
 FLUSH_SECONDS = 0.5
+#: A run's rows are stored unthinned up to this many (its live log's capacity).
+STORED_ROWS = 1_000_000
 HEARTBEAT_SECONDS = 10.0
 EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 
@@ -113,20 +114,26 @@ class _Progress:
         self.stream.flush()
 
 
-def _tap_log():
-    """A MetricsLog that also queues every row for the store."""
-    from .metrics import MetricsLog
+class _Flusher:
+    """Writes the rows a run's MetricsLog took since the last write, as columns (no per-row Python,
+    so the training thread keeps the GIL). The log keeps up to :data:`STORED_ROWS` rows unthinned;
+    a run that logs more is stored thinned, as its live log is (rare rows such as test rows kept)."""
 
-    class TapLog(MetricsLog):
-        def __init__(self):
-            super().__init__()
-            self.pending = collections.deque()
+    def __init__(self, store, run_id: str):
+        from .metrics import MetricsLog
+        self.store, self.run_id = store, run_id
+        self.log = MetricsLog(capacity=STORED_ROWS)
+        self.cursor = 0
 
-        def append(self, row: dict) -> None:
-            super().append(row)
-            self.pending.append(dict(row))
+    def pending(self) -> bool:
+        return self.log.total_rows > self.cursor
 
-    return TapLog()
+    def flush(self) -> None:
+        """Write what is new; the cursor moves only once the write is done (a Ctrl-C inside it retries)."""
+        columns, cursor = self.log.since(self.cursor)
+        if len(columns["row_id"]):
+            self.store.append_columns(self.run_id, columns)
+        self.cursor = cursor
 
 
 def cmd_run(args) -> int:
@@ -137,7 +144,8 @@ def cmd_run(args) -> int:
         return _run_remote(cfg, store, name, args.notes, args.scheduler)
     run_id = store.create_run(cfg, name=name, notes=args.notes)
     print(f"run {run_id} ({name}) -> {store.path}", file=sys.stderr)
-    log, stop, ended, state, unsent = _tap_log(), threading.Event(), threading.Event(), {"done": 0, "total": 0}, []
+    rows = _Flusher(store, run_id)
+    log, stop, ended, state = rows.log, threading.Event(), threading.Event(), {"done": 0, "total": 0}
 
     def report(done: int, total: int) -> bool:
         state["done"], state["total"] = done, total
@@ -160,8 +168,8 @@ def cmd_run(args) -> int:
         try:
             ended.wait(0.1)
             now = time.monotonic()
-            if (log.pending or unsent) and now - last_flush >= FLUSH_SECONDS:
-                _flush(store, run_id, log, unsent)
+            if rows.pending() and now - last_flush >= FLUSH_SECONDS:
+                rows.flush()
                 last_flush = last_beat = now
             if now - last_beat >= HEARTBEAT_SECONDS:
                 store.heartbeat([run_id])
@@ -170,7 +178,7 @@ def cmd_run(args) -> int:
         except KeyboardInterrupt:       # stop after the current step; the run is kept as stopped
             stop.set()
             print("\nstopping (Ctrl-C) ...", file=sys.stderr)
-    _flush(store, run_id, log, unsent)
+    rows.flush()
     progress.draw(state["done"], state["total"], log.last("loss"), final=True)
     if "error" in state:
         store.set_status(run_id, "failed", state["error"])
@@ -214,15 +222,6 @@ def _run_remote(cfg, store, name: str, notes: str, address: str) -> int:
     if run.status == "finished":
         return 0
     return EXIT_INTERRUPTED if stopping else EXIT_FAILED
-
-
-def _flush(store, run_id: str, log, unsent: list) -> None:
-    """Write the queued rows; rows of a write that Ctrl-C broke off stay in ``unsent`` for the next one."""
-    while log.pending:
-        unsent.append(log.pending.popleft())
-    if unsent:
-        store.append_rows(run_id, unsent)
-        unsent.clear()
 
 
 def cmd_runs(args) -> int:
