@@ -23,15 +23,17 @@ clicks call the handlers the Dashboard passes in.
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 
 import panel as pn
+import param
 
 from .. import data as qdata
 from ..config import ExperimentConfig, dashboard_config
-from .data_source import DataFileChooser
-from .fields import Field, short_error, supported
+from .data_source import NONE, DataFileChooser
+from .fields import Field, as_text, short_error, supported
 
 DEBOUNCE_S = 0.5      # a second press this soon after the first is part of a double click
 QUEUED_S = 0.2
@@ -39,6 +41,7 @@ QUEUED_S = 0.2
 # (config attribute, card title, collapsed?)
 SECTIONS = [("data", "Dataset", False), ("model", "Model", False), ("quant", "Quantization", False),
             ("optim", "Optimizer", False), ("phase", "Phase training", True)]
+_SECTION_KEYS = {key for key, _, _ in SECTIONS}
 NOT_SHOWN = {"name", "data.path"}        # path: set by the data file chooser, never typed
 LABELS = {
     "data.seed": "Split seed",
@@ -295,6 +298,56 @@ class ConfigPanel(pn.viewable.Viewer):
             doc.add_next_tick_callback(reopen)
         else:
             reopen()
+
+    def load_config(self, cfg: ExperimentConfig) -> None:
+        """Put ``cfg``'s values into the fields as if typed (each field and then the whole config are
+        checked again), and its other settings (nested phase settings) into the config.
+
+        A data file comes only from what the page may use: a file of the server's data directory
+        is chosen in its list, the file the sidebar already uses is kept; any other path is not
+        taken (the page never takes a server path), so the Data file field asks for a file."""
+        if not isinstance(cfg, ExperimentConfig):
+            raise TypeError(f"cfg: expected an ExperimentConfig, got {type(cfg).__name__}")
+        self._building = True        # one check and one layout at the end, not one per field
+        try:
+            for key in [s for s, _, _ in SECTIONS] + [""]:
+                self._load_section(getattr(cfg, key) if key else cfg, getattr(self.config, key) if key else self.config,
+                                   key)
+        finally:
+            self._building = False
+        self._load_data_file(cfg.data)
+        self._changed()
+
+    def _load_section(self, source, target, key: str) -> None:
+        for name in source.param:
+            path = f"{key}.{name}" if key else name
+            if name == "name" or path == "data.path" or (not key and name in _SECTION_KEYS):
+                continue
+            value = getattr(source, name)
+            field = self.fields.get(path)
+            if field is not None and field.typed:
+                text = as_text(field.p, value)
+                field.widget.param.update(value=text, value_input=text)
+                field.set_text(text)
+            elif field is not None:
+                field.widget.value = value
+            elif isinstance(value, param.Parameterized):     # nested settings without fields: copied
+                getattr(target, name).param.update(**{n: v for n, v in value.param.values().items() if n != "name"})
+            elif supported(source.param[name]):
+                setattr(target, name, value)
+
+    def _load_data_file(self, data) -> None:
+        """The data file of a loaded config (see :meth:`load_config`)."""
+        chooser, path = self.file_chooser, data.path
+        if data.dataset != "file" or not path or path == self.config.data.path:
+            return
+        if chooser.data_dir is not None:
+            name = os.path.relpath(os.path.realpath(path), os.path.realpath(chooser.data_dir)).replace(os.sep, "/")
+            if name in chooser.choice.options and name != NONE:
+                chooser.choice.value = name          # as if chosen in the list (resolved and checked again)
+                return
+        self.config.data.path = ""                   # not offered to the page: validate() names the Data file field
+        chooser._show_using()
 
     def validated(self) -> ExperimentConfig | None:
         """A copy of the config if every field holds what was typed and ``validate()`` accepts it;
