@@ -1,7 +1,8 @@
 """Run lifecycle and page ownership: a closed page's runs stop within a second and are freed, a
 comparison whose page closed before its figures were drawn never starts, nothing is logged as a
-traceback meanwhile, and a page changes only the runs it started (others are read-only while
-they run; ended runs may be renamed or deleted from any page, after a confirmation).
+traceback meanwhile, and a page's Runs tab changes only the runs it started (runs of other pages
+and notebooks, trained on Dask workers, are read-only while they run; ended runs may be renamed or
+deleted from any page, after a confirmation).
 
 Pages are Bokeh client sessions (``pull_session``: a real websocket) on a threaded ``pn.serve``
 whose unused sessions live 20 s, as in ``panel serve``: what stops the runs within a second is
@@ -21,8 +22,10 @@ pn = pytest.importorskip("panel")
 import qatlab as ql  # noqa: E402
 from bokeh.client import pull_session  # noqa: E402
 from panel.io.state import set_curdoc  # noqa: E402
+from qatlab.executor.remote import RemoteRun  # noqa: E402
 from qatlab.runs import all_runs  # noqa: E402
-from qatlab.ui import Dashboard, dashboard, template_kwargs  # noqa: E402
+from qatlab.store import RunStore  # noqa: E402
+from qatlab.ui import Dashboard, RunsTable, dashboard, template_kwargs  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore:The inplace keyword"), pytest.mark.slow]   # every test trains
 
@@ -228,64 +231,77 @@ def _select(table, *runs) -> None:
 
 
 @pytest.fixture
-def pages():
-    """Two pages (Dashboards without a server) of different owners; their runs are stopped at teardown."""
-    a = Dashboard(config=long_config(), owner="page-a", period=0)
-    b = Dashboard(config=long_config(), owner="page-b", period=0)
-    yield a, b
-    for dash in (a, b):
-        dash.close(join_timeout=10)
+def pages(tmp_path, client2):
+    """The Runs tabs of two pages (owners ``page-a``, ``page-b``) over one temporary store, and
+    ``start(owner)``: a run of that page (None: a notebook's) trained on a Dask worker; this
+    process's runs are the tabs' live runs. Runs are stopped at teardown."""
+    store = RunStore(tmp_path / "runs.sqlite")
+    started = []
+
+    def start(owner):
+        run = RemoteRun(long_config(), store=store, client=client2, owner=owner).start()
+        started.append(run)
+        return run
+
+    a = RunsTable(store, lambda: list(started), owner="page-a")
+    b = RunsTable(store, lambda: list(started), owner="page-b")
+    yield a, b, start
+    for run in started:
+        run.stop()
+    for run in started:
+        run.join(30)
+    store.close()
+
+
+def _started_by(table, run) -> str:
+    return table.table.value.set_index("id").loc[run.id, "started by"]
 
 
 def test_a_page_cannot_change_another_pages_running_run(pages):
-    a, b = pages
-    run = a.start_run()
-    cli = ql.LocalRun(long_config()).start()                # a notebook's or the command line's run
-    try:
-        assert _wait(lambda: _training([run, cli]), 60)
-        _select(b.runs, run)
-        assert b.runs.table.value.set_index("id").loc[run.id, "started by"] == "another page"
-        assert b.runs.stop_button.disabled and b.runs.rename_button.disabled and b.runs.delete_button.disabled
-        assert b.runs.stop_selected() == []            # a press that gets through anyway is refused
-        assert b.runs.message.visible and run.id in b.runs.message.object and "read-only" in b.runs.message.object
-        assert b.runs.rename_selected("mine now") is False and run.name != "mine now"
-        b.runs.delete_selected()
-        assert not b.runs.confirm_row.visible and run in all_runs() and run.status == "running"
-        _select(a.runs, cli)                           # the CLI run is read-only for every page
-        assert a.runs.table.value.set_index("id").loc[cli.id, "started by"] == "notebook / CLI"
-        assert a.runs.stop_button.disabled and a.runs.stop_selected() == [] and cli.status == "running"
-        _select(a.runs, run)                           # its own page may
-        assert a.runs.table.value.set_index("id").loc[run.id, "started by"] == "this page"
-        assert not a.runs.stop_button.disabled and not a.runs.rename_button.disabled
-        assert a.runs.rename_selected("  renamed by a ") is True and run.name == "renamed by a"   # no question
-        assert a.runs.stop_selected() == [run] and not a.runs.message.visible
-        assert run.join(20) and run.status == "stopped"
-    finally:
-        cli.stop()
-        assert cli.join(20)
+    a, b, start = pages
+    run, cli = start("page-a"), start(None)                # a page's run and a notebook's
+    assert _wait(lambda: _training([run, cli]), 60), (run, cli)
+    _select(b, run)
+    assert _started_by(b, run) == "another page"
+    assert b.stop_button.disabled and b.rename_button.disabled and b.delete_button.disabled
+    assert b.stop_selected() == []            # a press that gets through anyway is refused
+    assert b.message.visible and run.id[:8] in b.message.object and "read-only" in b.message.object
+    assert b.rename_selected("mine now") is False and b.store.get(run.id).name != "mine now"
+    b.delete_selected()
+    assert not b.confirm_row.visible and b.store.get(run.id) and run.status == "running"
+    _select(a, cli)                           # the notebook's run is read-only for every page
+    assert _started_by(a, cli) == "notebook / CLI"
+    assert a.stop_button.disabled and a.stop_selected() == [] and cli.status == "running"
+    _select(a, run)                           # its own page may
+    assert _started_by(a, run) == "this page"
+    assert not a.stop_button.disabled and not a.rename_button.disabled
+    assert a.rename_selected("  renamed by a ") is True and run.name == "renamed by a"   # no question
+    assert a.store.get(run.id).name == "renamed by a"
+    assert a.stop_selected() == [run] and not a.message.visible
+    assert run.join(20) and run.status == "stopped" and a.store.get(run.id).status == "stopped"
 
 
 def test_ended_runs_are_renamed_or_deleted_from_any_page_after_confirmation(pages):
-    a, b = pages
-    run = a.start_run()
+    a, b, start = pages
+    run = start("page-a")
     assert _wait(lambda: run.steps_done > 0, 60)
     run.stop()
     assert run.join(20)
-    _select(b.runs, run)
-    assert b.runs.stop_button.disabled and not b.runs.rename_button.disabled and not b.runs.delete_button.disabled
-    assert b.runs.rename_selected("<script>") is False and "name: expected" in b.runs.message.object
-    assert b.runs.rename_selected("kept from b") is False                      # asks first
-    assert b.runs.confirm_row.visible and run.id in b.runs.confirm_text.object and run.name == run.id
-    b.runs.cancel()
-    assert not b.runs.confirm_row.visible and b.runs.confirm() is False and run.name == run.id
-    b.runs.rename_selected("kept from b")
-    assert b.runs.confirm() is True and run.name == "kept from b"
-    assert b.runs.table.value.set_index("id").loc[run.id, "name"] == "kept from b"
-    b.runs.delete_selected()
-    assert b.runs.confirm_row.visible and run in all_runs()                    # nothing deleted yet
-    assert b.runs.confirm() is True
-    assert run not in all_runs() and run.id not in list(b.runs.table.value["id"]) and b.runs.table.selection == []
-    assert run.released and len(run.log) > 0
+    _select(b, run)
+    assert b.stop_button.disabled and not b.rename_button.disabled and not b.delete_button.disabled
+    assert b.rename_selected("<script>") is False and "name: expected" in b.message.object
+    assert b.rename_selected("kept from b") is False                      # asks first
+    assert b.confirm_row.visible and run.id[:8] in b.confirm_text.object and run.name == run.id[:8]
+    b.cancel()
+    assert not b.confirm_row.visible and b.confirm() is False and b.store.get(run.id).name == run.id[:8]
+    b.rename_selected("kept from b")
+    assert b.confirm() is True and b.store.get(run.id).name == "kept from b"
+    assert b.table.value.set_index("id").loc[run.id, "name"] == "kept from b"
+    b.delete_selected()
+    assert b.confirm_row.visible and b.store.get(run.id)                  # nothing deleted yet
+    assert b.confirm() is True
+    assert run.id not in [r.id for r in b.store.runs()] and run.id not in list(b.table.value["id"])
+    assert b.table.selection == [] and len(run.log) > 0
 
 
 # ---------------------------------------------------------------------------- in the browser
