@@ -3,38 +3,43 @@
 Headless Chromium (Debian's ``/usr/bin/chromium``, driven by Playwright's sync API) talks to
 ``panel serve app/`` -- the product itself, in its own process -- started with
 ``--setup`` pointing at a tiny *inspector*: a JSON endpoint on a second port, inside the server
-process, that reports ``qatlab.runs.all_runs()`` (status, steps, start/finish times, config),
-live thread names, the sessions' Dashboards (closed? streaming?) and the process RSS, and can
-run a headless comparison in that same process. The app itself is unchanged. The browser runs
-on the same cores as the server; its rendering load is part of what is measured.
+process, that reports the server's runs (the RemoteRuns of its pages and of the inspector:
+status, steps, submit/end times, config; :class:`_RunTracker`), live thread names, the sessions'
+Dashboards (closed? streaming?), the process RSS and CPU, and can start a headless comparison
+from that same process. The app itself is unchanged. Runs train on the server's Dask workers
+(worker processes of its local cluster); the browser runs on the same cores as the server and
+the workers; its rendering load is part of what is measured.
 
-(a) Streaming cost, update rate, memory
+(a) Streaming cost, update rate, server CPU, memory
     * Four runs, headless vs streaming to one page. One round = the four ``Compare STE kinds``
-      runs of a fixed config started headless *in the server process* (``start_ste_comparison``
-      through the inspector, no page open), then the same config started from a page by
-      pressing ``Compare STE kinds`` (the config typed into the sidebar, :func:`set_page_config`: the
-      page's own default is the mnist CNN, the bench's config the digits MLP of earlier sessions).
-      Throughput of a condition =
-      total steps of its four runs / (last finish - first start), from the server's own LocalRun
-      timestamps. The page's runs are checked to have exactly the headless config. Rounds
-      alternate; the goal uses the median of the per-round ratios (page / headless).
+      runs of a fixed config started headless by the server process (four RemoteRuns submitted
+      together to its Dask client through the inspector, no page open), then the same config
+      started from a page by pressing ``Compare STE kinds`` (the config typed into the sidebar,
+      :func:`set_page_config`: the page's own default is the mnist CNN, the bench's config the
+      digits MLP of earlier sessions). Throughput of a condition = total steps of its four runs /
+      (last end - first submit), from the server's RemoteRun timestamps. The page's runs are
+      checked to have exactly the headless config. Rounds alternate; the goal uses the median of
+      the per-round ratios (page / headless). The server process's CPU (every thread, workers
+      not included) over each page round is reported in cores.
     * Updates per second: during each page round a 20 ms ``setInterval`` in the page polls the
       length of each run's ``loss-source-<run id>`` in ``Bokeh.documents`` (it looks the sources
-      up among all models every 0.5 s, not on every poll, to keep its own CPU cost, which the
-      training shares, small); a change is one
-      update the page has applied. Rate of a source = (changes - 1) / (last change - first
-      change); the goal uses the slowest of the four sources (median over rounds). A page whose
-      main thread is saturated applies fewer updates, and this measures that.
+      up among all models every 0.5 s, not on every poll, to keep its own CPU cost small); a change
+      is one update the page has applied. Rate of a source = (changes - 1) / (last change - first
+      change); the goal uses the slowest of the four sources (median over rounds).
     * Memory: a run started from the page with ``Metrics every (steps) = 1`` (every step is a
       logged row) streams to the open page; the server's RSS is read when the run has logged
-      ``mem_lo`` and ``mem_hi`` steps (10k and 100k; --quick: 4k and 20k).
+      ``mem_lo`` and ``mem_hi`` steps (10k and 100k; --quick: 4k and 20k). Then ``runs_n`` short
+      runs (200; --quick: 20) are started one after another from a page, after ``runs_warm`` of
+      them: the server's RSS must stay flat (no finished run's model or log held).
 (b) Sessions: ``sessions`` pages (8; --quick: 4) open at once, each types a small epoch count and
-    presses ``Compare STE kinds``. A probe thread GETs a small static file from the server every
-    0.25 s meanwhile. Every page must show ``Status: finished``; after the pages close (the
-    server runs with ``--check-unused-sessions 1000 --unused-session-lifetime 20000``, so a
-    closed page's session is destroyed 20-21 s later), no run may be running, no ``run-*``
-    thread alive, and every session's Dashboard closed and not streaming. Then a page starts a long comparison and is closed mid-run: its
-    four runs must stop (``stopped``) and their threads end.
+    presses ``Compare STE kinds``; each page times its click until its tabs switch to the STE
+    comparison (the server has started its runs). A probe thread GETs a small static file from
+    the server every 0.25 s meanwhile. Every page must show ``Status: finished``; after the pages
+    close (the server runs with ``--check-unused-sessions 1000 --unused-session-lifetime 20000``),
+    no run may be active, no run thread (:data:`RUN_THREADS`) alive, and every session's
+    Dashboard closed and not streaming. Then a page starts a long comparison and is closed
+    mid-run: its four runs must be ``stopped``; the time from the close to the last run's end on
+    the server is the goal's.
     * The same with the page's default experiment (the mnist CNN, ``kind="cnn"``), reported apart
       (informational, no goal): ``cnn_rounds`` rounds of ``cnn_epochs`` epochs.
 (c) Divergence: from a page, ``sgd`` at learning rate 100 (digits MLP, cross-entropy) is
@@ -42,7 +47,7 @@ on the same cores as the server; its rendering load is part of what is measured.
     reach ``diverged``; the page must show it, and afterwards a fresh page must load and a short
     run must finish.
 
-``--quick`` runs one round with a shorter config, fewer sessions and a smaller memory span; its
+``--quick`` runs one round with a shorter config, fewer sessions and runs, a smaller memory span; its
 goal names say so. The suite is unavailable (``SuiteNotAvailable``) when Playwright or chromium
 is missing.
 
@@ -75,6 +80,8 @@ VIEWPORT = {"width": 1400, "height": 900}
 STEPS_PER_EPOCH = 23        # digits: 1437 training samples / batch 64, rounded up
 DONE = ("finished", "stopped", "diverged", "failed")
 INSPECT_ENV = "QATLAB_INSPECT_PORT"
+#: Threads of the server that exist while a run is active there: a RemoteRun's monitor, a closed page's reaper.
+RUN_THREADS = ("qatlab-remote-", "qatlab-reaper-")
 
 # A closed page's session is destroyed (and its runs stopped) once it has been unused this long.
 # Shorter than the time a page takes to connect its websocket is wrong: Bokeh then discards the
@@ -83,10 +90,14 @@ INSPECT_ENV = "QATLAB_INSPECT_PORT"
 CHECK_UNUSED_MS = 1000
 UNUSED_LIFETIME_MS = 20_000
 
-GOAL_RATIO = 0.80
+GOAL_RATIO = 0.85
 GOAL_UPDATES = 5.0
+GOAL_SERVER_CPU = 0.25       # cores the server process uses while four runs stream to a page
 GOAL_MEM_PCT = 10.0
 GOAL_PROBE_S = 2.0
+GOAL_CLICK_S = 0.5           # slowest click-to-response of the concurrent sessions
+GOAL_CLOSED_STOP_S = 1.0     # a closed page's runs have ended this long after it closed
+GOAL_RUNS_MEM_MIB = 10.0     # server RSS growth across the finished runs of the memory probe
 
 # (a) runs 1200 epochs (27.6k steps per run; about 7 s for the four headless here): long enough that
 # the page's first render of their figures, a fixed cost of about half a second of both cores, does
@@ -99,10 +110,12 @@ GOAL_PROBE_S = 2.0
 # 1-3% slower than the later ones (allocating the logs' memory), which made round 1's ratio look
 # better than it is.
 # Every part types the digits config into the page (set_page_config), as every earlier session measured.
+# runs_n short runs (after runs_warm of them) are started from a page one after another for the
+# memory-across-finished-runs probe.
 FULL = dict(rounds=5, epochs=1200, mem_lo=10_000, mem_hi=100_000, sessions=8, session_epochs=10,
-            cnn_rounds=2, cnn_epochs=4)
+            cnn_rounds=2, cnn_epochs=4, runs_n=200, runs_warm=20)
 QUICK = dict(rounds=1, epochs=60, mem_lo=4_000, mem_hi=20_000, sessions=4, session_epochs=5,
-             cnn_rounds=1, cnn_epochs=1)
+             cnn_rounds=1, cnn_epochs=1, runs_n=20, runs_warm=5)
 
 
 # ============================================================================ browser plumbing
@@ -147,13 +160,14 @@ class AppServer:
 
     ``url`` is ``http://localhost:<port>/app``; ``probe_url`` a small static file of the same
     server. :meth:`start` waits until the app answers 200 (or raises ``RuntimeError`` with the
-    server's log tail); :meth:`stop` terminates it (``kill`` after ``grace`` seconds). With
-    ``inspect=True`` the server also runs the inspector (see the module doc) on ``inspect_port``.
-    Usable as a context manager.
+    server's log tail); :meth:`stop` terminates it (``kill`` after ``grace`` seconds), :meth:`kill`
+    sends it SIGKILL (a crash: nothing of it runs after). With ``inspect=True`` the server also runs
+    the inspector (see the module doc) on ``inspect_port``. ``env``: variables set for the server
+    on top of this process's environment (e.g. ``QATLAB_STORE``). Usable as a context manager.
     """
 
     def __init__(self, root: Path = ROOT, port: int | None = None, extra_args=(), inspect: bool = False,
-                 startup_timeout: float = 120.0):
+                 startup_timeout: float = 120.0, env: dict | None = None):
         self.root = Path(root)
         self.port = port or free_port()
         self.url = f"http://localhost:{self.port}/app"
@@ -161,6 +175,7 @@ class AppServer:
         self.extra_args = list(extra_args)
         self.inspect_port = free_port() if inspect else None
         self.startup_timeout = startup_timeout
+        self.env = {str(k): str(v) for k, v in (env or {}).items()}
         self.proc: subprocess.Popen | None = None
         self._log = tempfile.NamedTemporaryFile(prefix="qatlab-serve-", suffix=".log", delete=False)
         self.log_path = Path(self._log.name)
@@ -170,7 +185,7 @@ class AppServer:
         cmd = [sys.executable, "-m", "panel", "serve", "app/", "--port", str(self.port), "--warm",
                "--allow-websocket-origin", f"localhost:{self.port}",
                "--allow-websocket-origin", f"127.0.0.1:{self.port}", *self.extra_args]
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")]))
         if self.inspect_port:
             fd, name = tempfile.mkstemp(prefix="qatlab-inspector-", suffix=".py")
@@ -196,6 +211,12 @@ class AppServer:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+    def kill(self, timeout: float = 10.0) -> None:
+        """SIGKILL the server (``kill -9``: no shutdown hook, no atexit) and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout)
 
     def stop(self, grace: float = 10.0) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -224,8 +245,9 @@ class AppServer:
                 time.sleep(0.2)
 
     def runs(self, ids=None, config: bool = False) -> dict[str, dict]:
-        """``{run id: run dict}`` of every LocalRun in the server process (only ``ids``, when given);
-        with their config dicts only when ``config`` (see :func:`_inspector_state`)."""
+        """``{run id: run dict}`` of the server process's runs (every RemoteRun its pages or the
+        inspector started that the inspector has seen, see :class:`_RunTracker`; only ``ids``, when
+        given); with their config dicts only when ``config``."""
         query = f"?config={int(config)}" + (f"&ids={','.join(ids)}" if ids is not None else "")
         return {r["id"]: r for r in self.inspect("/state" + query)["runs"]}
 
@@ -240,13 +262,74 @@ class AppServer:
 
 
 def _run_dict(run, config: bool = True) -> dict:
+    """A RemoteRun as JSON: ids, status, progress, its submit/end times (``time.time()``) and rows held here."""
     out = {"id": run.id, "name": run.name, "owner": run.owner, "status": run.status,
            "steps_done": run.steps_done, "total_steps": run.total_steps, "started_at": run.started_at,
-           "finished_at": run.finished_at, "message": (run.message or "")[-300:],
+           "finished_at": run.finished_at, "message": (run.message or "")[-300:], "worker": run.worker,
            "log_rows": len(run.log), "log_nbytes": run.log.nbytes}
     if config:
         out["config"] = run.config.to_dict()
     return out
+
+
+class _RunTracker:
+    """The runs of the server process the inspector has seen: the live Dashboards' runs
+    (``live_runs()``, ``current``, ``comparison``), :func:`~qatlab.executor.remote.active_runs` and
+    the headless runs it started. A run is held until it has ended; then only its last dict is
+    kept (no run object, log or model), so tracking does not change the server's memory much."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._live: dict[str, object] = {}
+        self._ended: dict[str, dict] = {}
+
+    def add(self, run) -> None:
+        rid = getattr(run, "id", None)
+        if rid in (None, "starting") or not hasattr(run, "steps_done") or not hasattr(run, "log"):
+            return          # not started yet, or a stored run shown from the Runs tab
+        with self._lock:
+            if rid not in self._ended:
+                self._live.setdefault(rid, run)
+
+    def _collect(self) -> None:
+        from .executor.remote import active_runs
+        ui = sys.modules.get("qatlab.ui.dashboard")
+        found = list(active_runs())
+        for dash in list(ui.DASHBOARDS) if ui is not None else []:
+            found += [*dash.live_runs(), dash.current, *dict(dash.comparison).values()]
+        for run in found:
+            self.add(run)
+
+    def dicts(self, ids=None, config: bool = True) -> list[dict]:
+        """Run dicts (of ``ids`` only, when given; a run ended and forgotten keeps its config dict)."""
+        self._collect()
+        with self._lock:
+            live, ended = dict(self._live), dict(self._ended)
+        out = []
+        for rid, run in live.items():
+            if ids is not None and rid not in ids:
+                continue
+            if run.join(0):                     # ended and its result stored: freeze its dict
+                d = _run_dict(run, config=True)
+                with self._lock:
+                    self._live.pop(rid, None)
+                    self._ended[rid] = d
+                out.append(d if config else {k: v for k, v in d.items() if k != "config"})
+            else:
+                out.append(_run_dict(run, config))
+        for rid, d in ended.items():
+            if ids is None or rid in ids:
+                out.append(d if config else {k: v for k, v in d.items() if k != "config"})
+        return out
+
+
+_TRACKER = _RunTracker()
+
+
+def process_cpu_seconds() -> float:
+    """CPU seconds (user + system, every thread) this process has used; its children not counted."""
+    t = os.times()
+    return t.user + t.system
 
 
 def _rss_bytes() -> int:
@@ -298,28 +381,40 @@ def sample_main_thread(seconds: float, interval: float = 0.005, top: int = 40) -
 
 
 def _inspector_state(ids=None, config: bool = True) -> dict:
-    """The server process's state; runs restricted to ``ids`` when given, configs only with ``config``.
-
-    The bench polls this while the page streams (not while the headless runs train), from a thread
-    of the measured process: every run's config (Param objects to dicts) made one poll cost more
-    with every round's runs, and the page's throughput fell round after round (13.4k -> 12.5k
-    steps/s over four rounds while the headless one did not)."""
-    import sys as _sys
-    from .runs import all_runs
-    ui = _sys.modules.get("qatlab.ui")
+    """The server process's state; runs (see :class:`_RunTracker`) restricted to ``ids`` when given,
+    configs only with ``config`` (the bench polls lightly while pages stream)."""
+    ui = sys.modules.get("qatlab.ui.dashboard")
     dashboards = [{"key": id(d), "owner": d.owner, "closed": bool(d.closed), "streaming": bool(d.streaming)}
                   for d in list(ui.DASHBOARDS)] if ui is not None else []
-    runs = [r for r in all_runs() if ids is None or r.id in ids]
     return {"time": time.time(), "rss": _rss_bytes(), "loop_cpu_s": loop_cpu_seconds(),
-            "runs": [_run_dict(r, config) for r in runs],
+            "cpu_s": process_cpu_seconds(), "runs": _TRACKER.dicts(ids, config),
             "threads": sorted(t.name for t in threading.enumerate()), "dashboards": dashboards}
 
 
 def _inspector_headless(epochs: int, kind: str = "digits") -> dict:
-    from .runs import start_ste_comparison
-    runs = list(start_ste_comparison(bench_config(epochs, kind=kind), owner="bench-headless").values())
-    for r in runs:
-        r.join()
+    """One STE comparison of :func:`bench_config` as a page starts it (a RemoteRun per SteKind on the
+    server's Dask client and store, submitted together), with no page: the bench's reference."""
+    from .config import SteKind
+    from .executor import RemoteRun, connect
+    from .executor.remote import default_store
+    client, store, cfg = connect(), default_store(), bench_config(epochs, kind=kind)
+    runs = []
+    try:
+        for ste in SteKind:
+            one = cfg.copy()
+            one.quant.ste = ste.value
+            runs.append(RemoteRun(one, name=f"headless {ste.value}", owner="bench-headless", store=store,
+                                  client=client))
+        for run in runs:
+            run.start()
+            _TRACKER.add(run)
+    except BaseException:
+        for run in runs:
+            run.stop()
+        raise
+    for run in runs:
+        run.join()
+        run.release()
     return {"runs": [_run_dict(r) for r in runs]}
 
 
@@ -475,6 +570,31 @@ _JS_POLL_START = """(prefix) => {
 _JS_POLL_STOP = """() => { clearInterval(window.__qatlab_poll); window.__qatlab_poll = null;
   return window.__qatlab_changes || {}; }"""
 
+# Click-to-response: the next click anywhere in the page (captured on the way down) starts the clock;
+# the page's tabs model switching away from the active tab (Compare STE kinds opens the STE tab once
+# its runs are started on the server) stops it. Polled every 5 ms in the page.
+_JS_ARM_RESPONSE = """() => {
+  let tabs = null;
+  for (const doc of Bokeh.documents) for (const m of doc.all_models)
+    if (Array.isArray(m.tabs) && m.tabs.some((t) => t.title === 'STE comparison')) tabs = m;
+  if (tabs === null) return false;
+  const first = tabs.active;
+  window.__qatlab_click = null; window.__qatlab_response = null;
+  document.addEventListener('click', () => {
+    if (window.__qatlab_click === null) window.__qatlab_click = performance.now();
+  }, {capture: true});
+  const poll = setInterval(() => {
+    if (window.__qatlab_click !== null && tabs.active !== first) {
+      window.__qatlab_response = performance.now();
+      clearInterval(poll);
+    }
+  }, 5);
+  return true;
+}"""
+
+_JS_RESPONSE = """() => (window.__qatlab_click === null || window.__qatlab_response == null) ? null
+  : (window.__qatlab_response - window.__qatlab_click) / 1000"""
+
 
 class DashboardPage:
     """One dashboard page driven through its stable labels (see ``qatlab.ui``'s docstrings).
@@ -580,6 +700,15 @@ class DashboardPage:
         """``{source name: [[t_ms, rows], ...]}`` recorded since :meth:`start_update_counter`."""
         return self.page.evaluate(_JS_POLL_STOP)
 
+    def arm_click_response(self) -> None:
+        """Start timing the next click until the page switches tabs (see ``_JS_ARM_RESPONSE``)."""
+        if not self.page.evaluate(_JS_ARM_RESPONSE):
+            raise AssertionError("no tabs model with an 'STE comparison' tab in the page")
+
+    def click_response_s(self) -> float | None:
+        """Seconds from the armed click to the tab switch, None until both happened."""
+        return self.page.evaluate(_JS_RESPONSE)
+
     def body_text(self) -> str:
         """All text in the page, shadow roots included."""
         return " ".join(self.page.evaluate(_JS_BODY_TEXT).split())
@@ -680,11 +809,12 @@ def _page_four(browser, server: AppServer, epochs: int, timeout: float, kind: st
         dp.start_update_counter("loss-source-")
         dp.click("Compare STE kinds")
         ids = [r["id"] for r in _new_runs(server, before, 4)]
-        cpu0 = server.inspect("/state?config=0&ids=-")["loop_cpu_s"]     # the runs have just started
+        s0 = server.inspect("/state?config=0&ids=-")     # the runs have just started
         runs = _wait_done(server, ids, timeout)
-        cpu1 = server.inspect("/state?config=0&ids=-")["loop_cpu_s"]
+        s1 = server.inspect("/state?config=0&ids=-")
         out = _group_throughput(runs)
-        out["loop_cpu_s"] = cpu1 - cpu0
+        out["loop_cpu_s"] = s1["loop_cpu_s"] - s0["loop_cpu_s"]
+        out["cpu_s"], out["cpu_wall_s"] = s1["cpu_s"] - s0["cpu_s"], s1["time"] - s0["time"]
         shown = dp.wait_status(lambda s: s in DONE, timeout=timeout, what="done")   # the page catches up
         time.sleep(0.5)   # let the last tick arrive
         changes = {k: v for k, v in dp.stop_update_counter().items() if k.removeprefix("loss-source-") in ids}
@@ -733,6 +863,36 @@ def _memory(browser, server: AppServer, lo: int, hi: int, timeout: float) -> dic
         ctx.close()
 
 
+def _finished_runs_memory(browser, server: AppServer, n: int, warm: int, timeout: float) -> dict:
+    """The server's RSS after ``warm`` short runs (1 digits epoch) started one after another from a
+    page, and again after ``n`` more: whatever a finished run leaves in the server adds up."""
+    ctx = browser.new_context(viewport=VIEWPORT)
+    out: dict = {"n": n, "warm": warm, "statuses": {}}
+    try:
+        dp = DashboardPage(ctx.new_page(), server.url).open()
+        set_page_config(dp, 1)
+        t0 = time.monotonic()
+        for i in range(warm + n):
+            if i == warm:
+                out["rss_before"] = server.inspect("/state?config=0&ids=-")["rss"]
+                t0 = time.monotonic()
+            before = set(server.runs())
+            dp.click("Start")
+            rid = _new_runs(server, before, 1)[0]["id"]
+            deadline = time.monotonic() + timeout
+            while (status := server.runs([rid])[rid]["status"]) not in DONE and time.monotonic() < deadline:
+                time.sleep(0.05)
+            out["statuses"][status] = out["statuses"].get(status, 0) + 1
+            dp.wait_status(lambda s: s in DONE, timeout=timeout, what="done")
+        out["seconds"] = time.monotonic() - t0
+        time.sleep(1.0)    # the last run's reaping, the page's last tick
+        out["rss_after"] = server.inspect("/state?config=0&ids=-")["rss"]
+        out["console_errors"] = list(dp.console_errors)
+    finally:
+        ctx.close()
+    return out
+
+
 class _Prober(threading.Thread):
     """GETs ``url`` every ``period`` s; records (latency, status) until stopped."""
 
@@ -771,7 +931,7 @@ def _leftovers(server: AppServer, dash_before: set) -> dict:
     state = server.inspect()
     return {"dashboards": [d for d in state["dashboards"] if d["key"] not in dash_before
                            and (not d["closed"] or d["streaming"])],
-            "threads": [t for t in state["threads"] if t.startswith("run-")],
+            "threads": [t for t in state["threads"] if t.startswith(RUN_THREADS)],
             "active": [r["id"] for r in state["runs"] if r["status"] in ("running", "paused", "created")]}
 
 
@@ -796,12 +956,20 @@ def _sessions(browser, server: AppServer, n: int, epochs: int, timeout: float) -
         phases["pages loaded, typing epochs"] = time.monotonic()
         for dp in pages:
             set_page_config(dp, epochs)
+            dp.arm_click_response()
         before = set(server.runs())
         phases["clicking Compare STE kinds"] = time.monotonic()
         for dp in pages:
             dp.click("Compare STE kinds")
         ids = [r["id"] for r in _new_runs(server, before, 4 * n, timeout=120)]
         phases["runs training"] = time.monotonic()
+        responses = []
+        for dp in pages:
+            _wait(lambda: dp.click_response_s() is not None, timeout=60, step=0.05)
+            responses.append(dp.click_response_s())
+        out["click_response_s"] = responses
+        known = [r for r in responses if r is not None]
+        out["click_response_max_s"] = max(known) if len(known) == n else math.nan
         out["runs"] = len(ids)
         runs = _wait_done(server, ids, timeout)
         phases["runs done, pages catching up"] = time.monotonic()
@@ -839,11 +1007,13 @@ def _sessions(browser, server: AppServer, n: int, epochs: int, timeout: float) -
         mid = [r["id"] for r in _new_runs(server, before, 4)]
         _wait(lambda: all(server.runs()[i]["steps_done"] > 0 for i in mid), timeout=60)
     finally:
+        t_close = time.time()
         ctx.close()
-    t_close = time.monotonic()
     runs = _wait_done(server, mid, UNUSED_LIFETIME_MS / 1000 + 60)
-    _wait(lambda: not any(_leftovers(server, dash_before).values()), timeout=60, step=0.25)
-    out["midrun_stop_s"] = time.monotonic() - t_close
+    _wait(lambda: not any(_leftovers(server, dash_before).values()), timeout=60, step=0.1)
+    out["midrun_cleanup_s"] = time.time() - t_close
+    # when the last of them ended on the server (its result stored), after the page began to close
+    out["midrun_stop_s"] = max((r["finished_at"] or math.inf) for r in runs) - t_close
     out["midrun_statuses"] = sorted({r["status"] for r in runs})
     out["midrun_left"] = _leftovers(server, dash_before)
     out["midrun_ok"] = out["midrun_statuses"] == ["stopped"] and not any(out["midrun_left"].values())
@@ -917,6 +1087,7 @@ def _throughput_part(browser, server, p, tag, kind: str = "digits"):
             "page_steps_s": b["steps_per_s"], "ratio": b["steps_per_s"] / h["steps_per_s"],
             "headless_wall_s": h["wall_s"], "page_wall_s": b["wall_s"],
             "loop_cpu_pct": 100 * b.get("loop_cpu_s", math.nan) / b["wall_s"],
+            "server_cpu": b.get("cpu_s", math.nan) / b.get("cpu_wall_s", math.nan),
             "updates_min": min(rates) if len(rates) == 4 else math.nan,
             "updates_median": statistics.median(rates) if rates else math.nan,
             "sources": b["sources"], "same_config": b["same_config"], "page_status": b["page_status"],
@@ -933,21 +1104,29 @@ def _throughput_part(browser, server, p, tag, kind: str = "digits"):
         Column("updates_min", "updates/s (slowest source)", "{:.1f}"),
         Column("updates_median", "updates/s (median)", "{:.1f}"),
         Column("loop_cpu_pct", "server loop CPU % while training", "{:.0f}"),
+        Column("server_cpu", "server process CPU (cores)", "{:.2f}"),
         Column("same_config", "same config", lambda v: "yes" if v else "NO")], rounds)
     ratio = statistics.median(r["ratio"] for r in rounds)
     valid = all(r["same_config"] and r["headless_statuses"] == ["finished"] and r["page_statuses"] == ["finished"]
                 for r in rounds)
-    goals = [Goal(f"four runs streaming to one page keep >= 80% of headless steps/s{tag}",
+    pct = f"{100 * GOAL_RATIO:.0f}%"
+    goals = [Goal(f"four runs streaming to one page keep >= {pct} of headless steps/s{tag}",
                   (ratio >= GOAL_RATIO) if valid else None,
                   f"{100 * ratio:.1f}% (median of {len(rounds)} round(s): "
                   + ", ".join(f"{100 * r['ratio']:.0f}%" for r in rounds) + ")"
-                  + ("" if valid else "; NOT comparable: configs or statuses differ"), ">= 80%")]
+                  + ("" if valid else "; NOT comparable: configs or statuses differ"), f">= {pct}")]
     upd = [r["updates_min"] for r in rounds]
     upd_ok = [u for u in upd if not math.isnan(u)]
     goals.append(Goal(f"page applies >= 5 updates/s (slowest of the four loss sources){tag}",
                       (statistics.median(upd_ok) >= GOAL_UPDATES) if upd_ok else None,
                       (f"{statistics.median(upd_ok):.1f}/s" if upd_ok else "no updates recorded")
                       + f" (per round: {', '.join(f'{u:.1f}' for u in upd)})", ">= 5/s"))
+    cpu = [r["server_cpu"] for r in rounds if not math.isnan(r["server_cpu"])]
+    goals.append(Goal(f"the server's own CPU while four runs stream to a page < {GOAL_SERVER_CPU} of a core{tag}",
+                      (statistics.median(cpu) < GOAL_SERVER_CPU) if cpu else None,
+                      (f"{statistics.median(cpu):.2f} cores (median; per round: "
+                       + ", ".join(f"{c:.2f}" for c in cpu) + ")") if cpu else "not measured",
+                      f"< {GOAL_SERVER_CPU}"))
     return rounds, table, goals
 
 
@@ -982,8 +1161,10 @@ def _sessions_part(browser, server, p, tag):
         Column("pages_finished", "pages saw finished"), Column("probes", "probes"),
         Column("probes_failed", "probes failed"), Column("probe_p50_s", "probe p50 s", "{:.3f}"),
         Column("probe_max_s", "probe max s", "{:.2f}"), Column("cleanup_s", "cleanup s", "{:.1f}"),
-        Column("left_n", "left alive"), Column("midrun_stop_s", "mid-run close: all stopped in s", "{:.1f}")],
+        Column("click_response_max_s", "slowest click-to-response s", "{:.2f}"),
+        Column("left_n", "left alive"), Column("midrun_stop_s", "mid-run close: all stopped in s", "{:.2f}")],
         [row])
+    clicks = [c for c in ses["click_response_s"] if c is not None]
     goals = [
         Goal(f"{n} sessions: the server answers every probe within {GOAL_PROBE_S:.0f} s{tag}",
              ses["probes_failed"] == 0 and ses["probe_max_s"] < GOAL_PROBE_S,
@@ -997,11 +1178,38 @@ def _sessions_part(browser, server, p, tag):
         Goal(f"{n} sessions: nothing left running after the sessions close{tag}", ses["cleanup_ok"],
              f"after {ses['cleanup_s']:.1f} s: {len(ses['left']['dashboards'])} sessions open/streaming, "
              f"{len(ses['left']['threads'])} run threads, {len(ses['left']['active'])} runs active"),
-        Goal("a session closed mid-comparison: its runs stop and their threads end", ses["midrun_ok"],
-             f"statuses {ses['midrun_statuses']}, {len(ses['midrun_left']['threads'])} run threads left, "
-             f"{ses['midrun_stop_s']:.1f} s after the page closed"),
+        Goal(f"{n} sessions comparing STE kinds at once: slowest click-to-response < {GOAL_CLICK_S} s{tag}",
+             ses["click_response_max_s"] < GOAL_CLICK_S if len(clicks) == n else False,
+             f"{len(clicks)}/{n} pages responded; slowest {max(clicks, default=math.nan):.2f} s, median "
+             f"{statistics.median(clicks) if clicks else math.nan:.2f} s", f"< {GOAL_CLICK_S} s"),
+        Goal(f"a page closed mid-comparison: its runs stop within {GOAL_CLOSED_STOP_S:.0f} s",
+             ses["midrun_ok"] and ses["midrun_stop_s"] < GOAL_CLOSED_STOP_S,
+             f"statuses {ses['midrun_statuses']}, the last ended {ses['midrun_stop_s']:.2f} s after the page "
+             f"closed; {len(ses['midrun_left']['threads'])} run threads left after "
+             f"{ses['midrun_cleanup_s']:.1f} s", f"< {GOAL_CLOSED_STOP_S:.0f} s"),
     ]
     return ses, table, goals
+
+
+def _runs_memory_part(browser, server, p, tag):
+    mem = _finished_runs_memory(browser, server, p["runs_n"], p["runs_warm"], timeout=300)
+    growth = (mem["rss_after"] - mem["rss_before"]) / 2**20
+    row = {"runs": mem["n"], "seconds": mem["seconds"], "rss_before": mem["rss_before"] / 2**20,
+           "rss_after": mem["rss_after"] / 2**20, "growth": growth, "per_run_kib": 1024 * growth / mem["n"],
+           "statuses": ", ".join(f"{k} {v}" for k, v in sorted(mem["statuses"].items()))}
+    table = Table(f"(a) server memory across finished runs started from a page (1 digits epoch each){tag}", [
+        Column("runs", "runs"), Column("seconds", "s", "{:.0f}"),
+        Column("rss_before", f"server RSS MiB after {mem['warm']} warm-up runs", "{:.1f}"),
+        Column("rss_after", "server RSS MiB after the runs", "{:.1f}"),
+        Column("growth", "growth MiB", "{:+.1f}"), Column("per_run_kib", "KiB per run", "{:+.1f}"),
+        Column("statuses", "run statuses")], [row])
+    ok = mem["statuses"].get("finished", 0) == mem["n"] + mem["warm"]
+    goal = Goal(f"server memory flat across {mem['n']} finished runs (RSS grows <= {GOAL_RUNS_MEM_MIB:.0f} MiB){tag}",
+                growth <= GOAL_RUNS_MEM_MIB if ok else None,
+                f"{growth:+.1f} MiB ({row['rss_before']:.0f} -> {row['rss_after']:.0f} MiB, {row['per_run_kib']:+.1f} "
+                f"KiB per run)" + ("" if ok else f"; NOT valid: statuses {row['statuses']}"),
+                f"<= +{GOAL_RUNS_MEM_MIB:.0f} MiB")
+    return mem, table, goal
 
 
 def _divergence_part(browser, server):
@@ -1074,6 +1282,11 @@ def run(opts: BenchOptions) -> SuiteResult:
                 tables.append(table)
                 goals.append(goal)
 
+                mem, table, goal = _runs_memory_part(browser, server, p, tag)
+                extra["runs_memory"] = mem
+                tables.append(table)
+                goals.append(goal)
+
                 ses, table, gs = _sessions_part(browser, server, p, tag)
                 extra["sessions"] = ses
                 tables.append(table)
@@ -1090,6 +1303,7 @@ def run(opts: BenchOptions) -> SuiteResult:
         server.stop()
     errors = ([e for r in extra.get("rounds", []) + extra.get("cnn_rounds", []) for e in r["console_errors"]]
               + extra.get("memory", {}).get("console_errors", []) + extra.get("sessions", {}).get("console_errors", [])
+              + extra.get("runs_memory", {}).get("console_errors", [])
               + extra.get("divergence", {}).get("console_errors", []))
     extra["console_errors"] = errors
     notes.append(f"browser console errors / failed requests over the whole suite: {len(errors)}"

@@ -54,32 +54,98 @@ def test_without_ste_only_blanks_the_estimator():
     assert bd._without_ste(cfg) != bd._without_ste(other)
 
 
-def test_inspector_reports_runs_and_trains_headless():
+def _get(base: str, path: str, timeout: float = 10) -> dict:
+    return json.loads(urllib.request.urlopen(f"{base}{path}", timeout=timeout).read())
+
+
+@pytest.fixture(scope="module")
+def inspector():
+    """The inspector served from this process; its base URL once it answers."""
     port = bd.free_port()
     bd.serve_inspector(port)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 10
     while True:
         try:
-            state = json.loads(urllib.request.urlopen(f"{base}/state", timeout=5).read())
-            break
+            _get(base, "/state", timeout=5)
+            return base
         except OSError:
             assert time.monotonic() < deadline, "inspector did not answer"
             time.sleep(0.1)
-    assert {"time", "rss", "runs", "threads", "dashboards"} <= set(state)
+
+
+def test_inspector_reports_state_and_samples(inspector):
+    state = _get(inspector, "/state")
+    assert {"time", "rss", "cpu_s", "runs", "threads", "dashboards"} <= set(state)
     assert state["rss"] > 0 and "qatlab-inspector" in state["threads"] and state["loop_cpu_s"] > 0
-    sample = json.loads(urllib.request.urlopen(f"{base}/sample?seconds=0.2", timeout=10).read())
+    assert state["cpu_s"] >= state["loop_cpu_s"] > 0            # the process's CPU includes its main thread's
+    sample = _get(inspector, "/sample?seconds=0.2")
     assert sample["samples"] > 5 and sample["inclusive"] and sample["leaf"]
-    assert any("test_inspector_reports_runs" in name for name, _ in sample["inclusive"])   # this thread waits there
-    out = json.loads(urllib.request.urlopen(f"{base}/headless?epochs=1", timeout=120).read())
-    runs = out["runs"]
+    assert any("test_inspector_reports_state" in name for name, _ in sample["inclusive"])   # this thread waits there
+
+
+class _Run:
+    """What the tracker reads of a RemoteRun: ids, progress, times, its MetricsLog, join()."""
+
+    def __init__(self, rid, status="running"):
+        import qatlab as ql
+        self.id, self.name, self.owner, self.status, self.message, self.worker = rid, rid, "page", status, "", None
+        self.steps_done, self.total_steps, self.started_at, self.finished_at = 5, 10, 1.0, None
+        self.config = ql.ExperimentConfig()
+        self.log = ql.MetricsLog()
+        self.log.append({"step": 1, "loss": 0.5})
+        self.ended = False
+
+    def join(self, timeout=None):
+        return self.ended
+
+
+class _Dash:
+    def __init__(self, live, current, comparison):
+        self._live, self.current, self.comparison = live, current, comparison
+
+    def live_runs(self):
+        return list(self._live)
+
+
+def test_run_tracker_follows_the_pages_runs_and_forgets_ended_objects(monkeypatch):
+    import sys
+    import types
+    a, b, c, d = _Run("a"), _Run("b"), _Run("c"), _Run("d")
+    stored = types.SimpleNamespace(id="stored-1")         # a stored run shown from the Runs tab: not tracked
+    dash = _Dash([a], stored, {"identity": b, "tanh": c})
+    ui = types.SimpleNamespace(DASHBOARDS=[dash])
+    monkeypatch.setitem(sys.modules, "qatlab.ui.dashboard", ui)
+    monkeypatch.setattr("qatlab.executor.remote.active_runs", lambda: [d])
+    tracker = bd._RunTracker()
+    runs = {r["id"]: r for r in tracker.dicts()}
+    assert set(runs) == {"a", "b", "c", "d"}
+    assert runs["a"]["log_rows"] == 1 and runs["a"]["config"]["optim"]["epochs"] == a.config.optim.epochs
+    assert [r["id"] for r in tracker.dicts(ids={"b"}, config=False)] == ["b"]
+    assert "config" not in tracker.dicts(ids={"b"}, config=False)[0]
+    # a run ends and every page drops it: its last dict stays, the object is no longer held
+    b.ended, b.status, b.finished_at = True, "finished", 2.0
+    dash.comparison = {"identity": c}
+    assert {r["id"]: r["status"] for r in tracker.dicts()}["b"] == "finished"
+    assert "b" not in tracker._live and tracker._ended["b"]["finished_at"] == 2.0
+    b.status = "changed after"                              # a frozen dict does not follow the object
+    assert {r["id"]: r["status"] for r in tracker.dicts()}["b"] == "finished"
+
+
+@pytest.mark.slow
+def test_inspector_trains_a_headless_comparison_on_the_cluster(inspector, client2, monkeypatch):
+    """``/headless``: four RemoteRuns (one per STE kind) on the Dask client, no page; tracked afterwards."""
+    import qatlab.executor
+    monkeypatch.setattr(qatlab.executor, "connect", lambda: client2)
+    runs = _get(inspector, "/headless?epochs=1", timeout=180)["runs"]
     assert len(runs) == 4 and {r["status"] for r in runs} == {"finished"}
     assert sorted(r["config"]["quant"]["ste"] for r in runs) == ["clipped_identity", "hard_tanh", "identity", "tanh"]
     assert all(r["steps_done"] == bd.STEPS_PER_EPOCH and r["owner"] == "bench-headless" for r in runs)
-    ids = {r["id"] for r in json.loads(urllib.request.urlopen(f"{base}/state", timeout=5).read())["runs"]}
+    assert all(r["worker"] and r["finished_at"] > r["started_at"] for r in runs)
+    ids = {r["id"] for r in _get(inspector, "/state")["runs"]}
     assert {r["id"] for r in runs} <= ids
     two = sorted(r["id"] for r in runs)[:2]
-    light = json.loads(urllib.request.urlopen(f"{base}/state?config=0&ids={','.join(two)}", timeout=5).read())
+    light = _get(inspector, f"/state?config=0&ids={','.join(two)}")
     assert sorted(r["id"] for r in light["runs"]) == two and all("config" not in r for r in light["runs"])
 
 
@@ -116,7 +182,8 @@ class _FakeBrowser:
         pass
 
 
-def _fake_parts(monkeypatch, *, page_rate: float, rss_hi: int, probe_max: float, diverged: bool):
+def _fake_parts(monkeypatch, *, page_rate: float, rss_hi: int, probe_max: float, diverged: bool,
+                cpu: float = 0.1, click: float = 0.2, stop: float = 0.4, runs_growth_mib: float = 2.0):
     pytest.importorskip("playwright.sync_api")
     import playwright.sync_api as pw_api
 
@@ -134,18 +201,24 @@ def _fake_parts(monkeypatch, *, page_rate: float, rss_hi: int, probe_max: float,
         calls.append(("page", epochs, kind))
         rate = page_rate if kind == "digits" else page_rate / 2    # the CNN's rounds: a different ratio
         return {**head, "steps_per_s": rate, "wall_s": 5520 / rate, "rates": rates, "sources": 4,
-                "page_status": "finished", "same_config": True, "console_errors": []}
+                "page_status": "finished", "same_config": True, "console_errors": [], "loop_cpu_s": 0.1,
+                "cpu_s": cpu * 2.0, "cpu_wall_s": 2.0}
     monkeypatch.setattr(bd, "_page_four", page_four)
     monkeypatch.setattr(bd, "_memory", lambda browser, server, lo, hi, timeout: {
         "points": {"lo": {"steps": lo, "rss": 300 * 2**20, "log_nbytes": 2**20},
                    "hi": {"steps": hi, "rss": rss_hi, "log_nbytes": 7 * 2**20}},
         "samples": [], "page_rows": 1200, "run": "run-0009", "status": "stopped", "log_rows": hi,
         "seconds": 1.0, "console_errors": []})
+    monkeypatch.setattr(bd, "_finished_runs_memory", lambda browser, server, n, warm, timeout: {
+        "n": n, "warm": warm, "statuses": {"finished": n + warm}, "seconds": 60.0, "rss_before": 500 * 2**20,
+        "rss_after": int((500 + runs_growth_mib) * 2**20), "console_errors": []})
     none = {"dashboards": [], "threads": [], "active": []}
     monkeypatch.setattr(bd, "_sessions", lambda browser, server, n, epochs, timeout: {
         "n": n, "runs": 4 * n, "load_s": 3.0, "train_s": 2.0, "page_catchup_s": 4.0, "pages_finished": n,
         "page_status": ["finished"] * n, "run_statuses": ["finished"], "console_errors": [], "cleanup_s": 21.0,
-        "left": none, "cleanup_ok": True, "midrun_stop_s": 21.5, "midrun_statuses": ["stopped"],
+        "left": none, "cleanup_ok": True, "midrun_stop_s": stop, "midrun_cleanup_s": stop + 0.3,
+        "midrun_statuses": ["stopped"], "click_response_s": [click / 2] * (n - 1) + [click],
+        "click_response_max_s": click,
         "midrun_left": none, "midrun_ok": True, "probes": 100, "probes_failed": 0, "probe_max_s": probe_max,
         "probe_p50_s": 0.01, "slow_probes": [{"phase": "runs training"}] if probe_max >= 2 else [],
         "phases_s": {}})
@@ -170,41 +243,67 @@ def test_suite_structure_all_pass(monkeypatch, tmp_path):
     result, payload, text = _run(tmp_path, QUICK)
     assert payload["suite"] == "dashboard"
     titles = [t["title"] for t in payload["tables"]]
-    assert len(titles) == 5
+    assert len(titles) == 6
     assert titles[0].startswith("(a) four STE runs") and "CNN" not in titles[0]
     assert titles[1].startswith("(a) four STE runs") and "default CNN on mnist (1 epochs; informational)" in titles[1]
-    assert titles[2].startswith("(a) server memory")
-    assert titles[3].startswith("(b) 4 concurrent sessions") and titles[4].startswith("(c) divergence")
-    assert all("[quick]" in t for t in titles[:4])
+    assert titles[2].startswith("(a) server memory while one run logs")
+    assert titles[3].startswith("(a) server memory across finished runs")
+    assert titles[4].startswith("(b) 4 concurrent sessions") and titles[5].startswith("(c) divergence")
+    assert all("[quick]" in t for t in titles[:5])
     # the CNN rounds: after a warm-up, headless and page rounds of the page's default experiment; no goal
     assert calls.count(("headless", 1, "cnn")) == 2 and calls.count(("page", 1, "cnn")) == 1
     assert calls.count(("page", bd.QUICK["epochs"], "digits")) == 1
     cnn_note = next(n for n in payload["notes"] if "default CNN" in n)
     assert "not a goal" in cnn_note and "45.3%" in cnn_note and len(payload["extra"]["cnn_rounds"]) == 1
     goals = payload["goals"]
-    assert len(goals) == 8
+    assert len(goals) == 11
     assert all(g["status"] == "PASS" for g in goals), [g for g in goals if g["status"] != "PASS"]
-    assert all("[quick]" in g["name"] for g in goals[:6])
+    assert all("[quick]" in g["name"] for g in goals[:9])
     row = payload["tables"][0]["rows"][0]
     assert row["ratio"] == pytest.approx(2500 / 2760) and row["updates_min"] == pytest.approx(8.0)
-    assert "PASS  four runs streaming to one page keep >= 80% of headless steps/s [quick]" in text
+    assert row["server_cpu"] == pytest.approx(0.1)
+    assert "PASS  four runs streaming to one page keep >= 85% of headless steps/s [quick]" in text
+    runs_mem = payload["tables"][3]["rows"][0]
+    assert runs_mem["runs"] == bd.QUICK["runs_n"] and runs_mem["growth"] == pytest.approx(2.0)
     assert payload["extra"]["params"] == bd.QUICK
 
 
 def test_suite_reports_misses_honestly(monkeypatch, tmp_path):
-    _fake_parts(monkeypatch, page_rate=1000.0, rss_hi=400 * 2**20, probe_max=9.0, diverged=False)
+    _fake_parts(monkeypatch, page_rate=1000.0, rss_hi=400 * 2**20, probe_max=9.0, diverged=False,
+                cpu=0.4, click=0.8, stop=1.5, runs_growth_mib=30.0)
     result, payload, text = _run(tmp_path, BenchOptions(repeats=1, warmup=0, min_time=0.0))
     by = {g["name"].split(":")[0]: g for g in payload["goals"]}
-    assert by["four runs streaming to one page keep >= 80% of headless steps/s"]["status"] == "MISS"
-    assert "36.2%" in by["four runs streaming to one page keep >= 80% of headless steps/s"]["measured"]
+    assert by["four runs streaming to one page keep >= 85% of headless steps/s"]["status"] == "MISS"
+    assert "36.2%" in by["four runs streaming to one page keep >= 85% of headless steps/s"]["measured"]
     assert by["server memory flat within 10% from 10k to 100k logged steps"]["status"] == "MISS"
+    assert by["server memory flat across 200 finished runs (RSS grows <= 10 MiB)"]["status"] == "MISS"
+    assert "+30.0 MiB" in by["server memory flat across 200 finished runs (RSS grows <= 10 MiB)"]["measured"]
+    cpu = by["the server's own CPU while four runs stream to a page < 0.25 of a core"]
+    assert cpu["status"] == "MISS" and "0.40 cores" in cpu["measured"]
     probe = next(g for g in payload["goals"] if "answers every probe" in g["name"])
     assert probe["status"] == "MISS" and "runs training" in probe["measured"] and probe["name"].startswith("8 sessions")
+    click = next(g for g in payload["goals"] if "click-to-response" in g["name"])
+    assert click["status"] == "MISS" and "slowest 0.80 s" in click["measured"] and click["name"].startswith("8 sessions")
+    closed = next(g for g in payload["goals"] if "closed mid-comparison" in g["name"])
+    assert closed["status"] == "MISS" and "1.50 s after the page closed" in closed["measured"]
     div = next(g for g in payload["goals"] if "diverging" in g["name"])
     assert div["status"] == "MISS"
     assert "[quick]" not in text
     assert len(payload["tables"][0]["rows"]) == bd.FULL["rounds"]
     assert len(payload["tables"][1]["rows"]) == bd.FULL["cnn_rounds"]
+
+
+def test_a_page_that_never_responded_is_a_miss(monkeypatch, tmp_path):
+    _fake_parts(monkeypatch, page_rate=2500.0, rss_hi=310 * 2**20, probe_max=0.5, diverged=True)
+    sessions = bd._sessions
+
+    def one_page_silent(browser, server, n, epochs, timeout):
+        out = sessions(browser, server, n, epochs, timeout)
+        return {**out, "click_response_s": [0.1] * (n - 1) + [None], "click_response_max_s": math.nan}
+    monkeypatch.setattr(bd, "_sessions", one_page_silent)
+    result, payload, text = _run(tmp_path, QUICK)
+    click = next(g for g in payload["goals"] if "click-to-response" in g["name"])
+    assert click["status"] == "MISS" and "3/4 pages responded" in click["measured"]
 
 
 def test_bench_config_kinds():
