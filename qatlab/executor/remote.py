@@ -25,7 +25,7 @@ from ..config import ExperimentConfig
 from ..metrics import MetricsLog
 from ..progress import RunProgress
 from . import cluster
-from .worker import (WEIGHTS_SECONDS, WorkerLost, claim_name, control_name, forget_topic, run_on_worker, topic,
+from .worker import (WEIGHTS_SECONDS, WorkerLost, control_name, forget_topic, run_on_worker, topic,
                      unpack_weights, weights_name)
 
 log = logging.getLogger(__name__)
@@ -149,6 +149,7 @@ class RemoteRun(RunProgress):
         self._on_worker = False
         self._status_changed = False
         self._weights, self._weights_packed, self._weights_read = None, None, -float("inf")
+        self._weights_published = False     # the worker said its weights Variable exists
 
     # ------------------------------------------------------------------ control
 
@@ -181,7 +182,6 @@ class RemoteRun(RunProgress):
                 return self
         self._control = Variable(control_name(run_id), client=client)
         self._control.set("run")
-        Variable(claim_name(run_id), client=client).set("")
         client.subscribe_topic(topic(run_id), self._on_event)
         self.started_at = time.time()
         self._future = client.submit(run_on_worker, self.config.to_dict(), run_id, key=f"qatlab-run-{run_id}",
@@ -277,7 +277,7 @@ class RemoteRun(RunProgress):
         now = time.monotonic()
         if self.done and self._weights is None and self._weights_packed:     # the last one, from the result
             self._weights = unpack_weights(self._weights_packed)
-        if self.done or not self._on_worker or now - self._weights_read < WEIGHTS_SECONDS:
+        if self.done or not self._weights_published or now - self._weights_read < WEIGHTS_SECONDS:
             return self._weights
         self._weights_read = now
         from distributed import Variable
@@ -285,7 +285,7 @@ class RemoteRun(RunProgress):
             packed = Variable(weights_name(self.id), client=self._client).get(timeout=1)
         except Exception:          # the scheduler is gone: keep the last one
             return self._weights
-        if packed and packed != self._weights_packed:
+        if packed != self._weights_packed:
             self._weights, self._weights_packed = unpack_weights(packed), packed
         return self._weights
 
@@ -305,6 +305,8 @@ class RemoteRun(RunProgress):
                 self._status_changed = True
             elif msg.get("kind") == "rows":
                 self._take(msg)
+            elif msg.get("kind") == "weights":
+                self._weights_published = True
         self._wake.set()
 
     def _take(self, msg: dict) -> None:
@@ -428,8 +430,8 @@ class RemoteRun(RunProgress):
         for step in (lambda: client.unsubscribe_topic(topic(run_id)),
                      lambda: client.run_on_scheduler(forget_topic, name=topic(run_id)),
                      self._control.delete,
-                     lambda: Variable(claim_name(run_id), client=client).delete(),
-                     lambda: Variable(weights_name(run_id), client=client).delete(),
+                     *([lambda: Variable(weights_name(run_id), client=client).delete()]
+                       if self._weights_published or self._weights_packed else []),
                      self._future.release):
             try:
                 step()

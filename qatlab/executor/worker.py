@@ -44,10 +44,6 @@ def control_name(run_id: str) -> str:
     return f"qatlab-control-{run_id}"
 
 
-def claim_name(run_id: str) -> str:
-    return f"qatlab-claim-{run_id}"
-
-
 def weights_name(run_id: str) -> str:
     return f"qatlab-weights-{run_id}"
 
@@ -160,14 +156,12 @@ def check_data_here(data_cfg, where: str) -> None:
                          "must exist on the worker that trains the run")
 
 
-def _claim(client, run_id: str, address: str) -> None:
-    """Mark the run as started here; WorkerLost if it was started before (its worker died)."""
-    from distributed import Variable
-    claim = Variable(claim_name(run_id), client=client)
-    before = claim.get(timeout=30)
-    if before:
-        raise WorkerLost(f"worker lost: the run started on {before}, which died; it is not run twice")
-    claim.set(address)
+def _check_first_start(client, run_id: str) -> None:
+    """WorkerLost if the run was started before (its topic holds a "start" event: the worker that
+    trained it died and the scheduler gave the task to another one)."""
+    for _, msg in client.get_events(topic(run_id)):
+        if isinstance(msg, dict) and msg.get("kind") == "start":
+            raise WorkerLost(f"worker lost: the run started on {msg.get('worker')}, which died; it is not run twice")
 
 
 def run_on_worker(config: dict, run_id: str) -> dict:
@@ -181,11 +175,10 @@ def run_on_worker(config: dict, run_id: str) -> dict:
     worker, client = get_worker(), get_client()
     cfg = ExperimentConfig.from_dict(config)
     cfg.validate()
-    _claim(client, run_id, worker.address)
+    _check_first_start(client, run_id)
     check_data_here(cfg.data, worker.address)
     log, sender = _RowLog(), _Sender(worker, topic(run_id))
     weights, last_weights = Variable(weights_name(run_id), client=client), [-math.inf, None]   # (when, packed)
-    weights.set({})                 # set before "start": the client reads it only after that event
     sender.event({"kind": "start", "worker": worker.address, "pid": os.getpid(), "host": socket.gethostname()})
     key = worker.get_current_task()
 
@@ -203,8 +196,11 @@ def run_on_worker(config: dict, run_id: str) -> dict:
     def publish_weights(snapshot: dict) -> None:
         now = time.monotonic()
         if now - last_weights[0] >= WEIGHTS_SECONDS:
+            first = last_weights[1] is None
             last_weights[:] = now, pack_weights(snapshot)
             weights.set(last_weights[1])
+            if first:               # the client reads the Variable only once it exists
+                sender.event({"kind": "weights"})
 
     try:
         result = train_experiment(cfg, log, report=report, publish_weights=publish_weights)

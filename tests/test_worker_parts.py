@@ -1,0 +1,37 @@
+"""Pieces of the Dask task (qatlab.executor.worker) checked without a cluster."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qatlab.executor.worker import WEIGHTS_POINTS, WorkerLost, _check_first_start, pack_weights, unpack_weights
+
+
+class _Client:
+    def __init__(self, events):
+        self.events = events
+
+    def get_events(self, topic):
+        return self.events
+
+
+def test_a_second_start_of_a_run_is_refused_as_worker_lost():
+    _check_first_start(_Client([]), "r1")                                   # first start: nothing before
+    _check_first_start(_Client([(0.0, {"kind": "rows", "seq": 0})]), "r1")  # rows alone do not count
+    with pytest.raises(WorkerLost, match="worker lost: the run started on tcp://a:1"):
+        _check_first_start(_Client([(0.0, {"kind": "start", "worker": "tcp://a:1"})]), "r1")
+
+
+def test_weights_travel_as_float32_bytes_of_evenly_strided_positions():
+    rng = np.random.default_rng(0)
+    small = (rng.normal(size=(8, 5)), np.sign(rng.normal(size=(8, 5))))
+    big = (rng.normal(size=(300, 200)).astype(np.float32), rng.normal(size=(300, 200)).astype(np.float32))
+    packed = pack_weights({"layer0": small, "layer1": big})
+    assert all(isinstance(b, bytes) for pair in packed.values() for b in pair)
+    back = unpack_weights(packed)
+    np.testing.assert_array_equal(back["layer0"][0], small[0].ravel().astype(np.float32))   # small: every weight
+    np.testing.assert_array_equal(back["layer0"][1], small[1].ravel().astype(np.float32))
+    stride = -(-big[0].size // WEIGHTS_POINTS)
+    assert len(back["layer1"][0]) <= WEIGHTS_POINTS and stride > 1
+    np.testing.assert_array_equal(back["layer1"][0], big[0].ravel()[::stride])               # big: the same positions
+    np.testing.assert_array_equal(back["layer1"][1], big[1].ravel()[::stride])
