@@ -249,6 +249,7 @@ class RunsTable(LiveView):
         self._syncing = False          # the table's value or selection is being set here
         self._next_refresh = self._next_interrupted_check = 0.0
         self.refresh_seconds = 0.0     # how long the last refresh took
+        self._store_error: str | None = None
         if self._active:    # a hidden (lazy) tab reads the store when first shown: a page open does not
             self.refresh(force=True)
         self.request_rebuild()
@@ -474,11 +475,12 @@ class RunsTable(LiveView):
         return entries[0]
 
     def _change(self, entry: Listed, action, what: str, question: str) -> bool:
-        """Apply now for this page's run; ask first for another page's."""
+        """Apply now for this page's run; ask first for another page's (``question``: its ``{run}`` is
+        replaced by the run's name, id and who started it)."""
         if self._mine(entry):
             return self._apply([entry.id], action, what)
-        self._ask(f"{question} ({_md(entry.name)}, `{entry.id[:8]}`, started by "
-                  f"{started_by(entry.page, self.owner)})?", [entry.id], action, what)
+        run = f"**{_md(entry.name)}** (`{entry.id[:8]}`, started by {started_by(entry.page, self.owner)})"
+        self._ask(question.replace("{run}", run), [entry.id], action, what)
         return False
 
     def rename_selected(self, name: str) -> bool:
@@ -498,7 +500,7 @@ class RunsTable(LiveView):
             run = self._live().get(entry.id)
             if run is not None:
                 run.name = new
-        return self._change(entry, action, "rename", f"Rename to **{_md(new)}** the run")
+        return self._change(entry, action, "rename", "Rename {run} to **" + _md(new) + "**?")
 
     def save_notes(self, notes: str) -> bool:
         """``Save notes``: the one selected run's notes become ``notes``; a run another page
@@ -511,7 +513,7 @@ class RunsTable(LiveView):
         except (TypeError, ValueError) as exc:
             self._say(str(exc))
             return False
-        return self._change(entry, lambda: self.store.set_notes(entry.id, text), "notes", "Save the notes of the run")
+        return self._change(entry, lambda: self.store.set_notes(entry.id, text), "notes", "Save the notes of {run}?")
 
     def delete_selected(self) -> None:
         """``Delete selected``: asks for :meth:`confirm`, then removes the runs from the store
@@ -610,8 +612,13 @@ class RunsTable(LiveView):
             raw = read_listing(self.store)
         except (StoreLockedError, ValueError) as exc:
             log.warning("qatlab: reading the run store failed: %s", exc)
-            self._say(f"The run store cannot be read now: {scrub_paths(str(exc))}")
+            self._store_error = f"The run store cannot be read now: {scrub_paths(str(exc))}"
+            self._say(self._store_error)
             return
+        if self._store_error is not None:       # readable again
+            if self.message.object == self._store_error:
+                self._say("")
+            self._store_error = None
         live = self._live()
         text = (self.filter_input.value_input or "").strip().lower()
         live_key = tuple((rid, r.status, r.steps_done, r.total_steps, int(getattr(r, "elapsed", 0.0)))

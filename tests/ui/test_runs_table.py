@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -440,3 +441,30 @@ def _wait(predicate, timeout: float) -> bool:
             return True
         time.sleep(0.02)
     return predicate()
+
+
+def test_a_store_that_cannot_be_read_is_said_without_its_path_and_recovers(store, monkeypatch):
+    from qatlab.store import StoreLockedError
+    from qatlab.ui import runs_table
+    rid = make_run(store, name="x")
+    table = table_for(store)
+
+    def locked(_store):
+        raise StoreLockedError(f"{store.path}: the run store is locked by another connection (waited 5 s)")
+    monkeypatch.setattr(runs_table, "read_listing", locked)
+    table.refresh(force=True)
+    assert table.message.visible and "locked" in table.message.object and str(store.path) not in table.message.object
+    assert list(table.table.value["id"]) == [rid]          # the last list stays
+    monkeypatch.undo()
+    table.refresh(force=True)
+    assert not table.message.visible
+
+
+def test_names_from_notebooks_are_shown_literally_in_questions(store):
+    rid = make_run(store, name="n", owner=OTHER_HOST)
+    store.rename(rid, "<img src=x onerror=alert(1)> *bold*")     # the store takes any name from Python
+    table = table_for(store)
+    select(table, rid)
+    table.delete_selected()
+    text = table.confirm_text.object
+    assert re.search(r"(?<!\\)[<>*]", text) is None and r"\<img" in text and r"\*bold\*" in text
