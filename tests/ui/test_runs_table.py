@@ -167,6 +167,21 @@ def test_columns_are_the_same_with_and_without_runs_and_the_first_run_changes_no
     assert rid in list(model.source.data["id"]) and changes == []
 
 
+def test_quantization_columns_say_bits_only_for_fake_weights():
+    def cfg(weights="ternary", bits=4, activations="off", per_channel=False, scale_mode="observer", batch=64):
+        c = ql.ExperimentConfig()
+        c.quant.weights, c.quant.weight_bits, c.quant.activations = weights, bits, activations
+        c.quant.per_channel, c.quant.scale_mode, c.optim.batch_size = per_channel, scale_mode, batch
+        return run_listing.config_columns(c.to_dict())
+    cols = [cfg("ternary"), cfg("float", batch=32), cfg("fake", 3, "fake", True, "lsq", 128),
+            cfg("ternary", activations="fake")]
+    assert [c["bits"] for c in cols] == ["ternary", "float", "3-bit", "ternary"]
+    assert [c["activations"] for c in cols] == ["off", "off", "8-bit", "8-bit"]
+    assert [c["per channel"] for c in cols] == ["-", "-", "yes", "-"]
+    assert [c["scale mode"] for c in cols] == ["-", "-", "lsq", "observer"]
+    assert [c["batch"] for c in cols] == [64, 32, 128, 64]
+
+
 def test_filter_hides_rows_that_do_not_match(store):
     a = make_run(store, tiny(ste="tanh"), name="alpha", notes="baseline")
     b = make_run(store, tiny("float"), name="beta", status="stopped")
