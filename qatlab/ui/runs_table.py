@@ -196,10 +196,12 @@ def _file_name(name: str) -> str:
     return re.sub(r"[^\w.-]+", "_", name).strip("._")[:40] or "run"
 
 
-def _delete_when_ended(store: RunStore, run, timeout: float) -> None:
-    """A deleted run of this page that was still training: delete it from the store once it has ended."""
+def _delete_when_ended(store: RunStore, run, timeout: float, gave_up) -> None:
+    """A deleted run of this page that was still training: delete it from the store once it has
+    ended; ``gave_up()`` when it did not end within ``timeout`` seconds (it stays in the store)."""
     if not run.join(timeout):
         log.warning("qatlab: run %s did not stop within %.0f s; it was not deleted", run.id, timeout)
+        gave_up()
         return
     try:
         store.delete(run.id)
@@ -538,7 +540,8 @@ class RunsTable(LiveView):
             if run is not None and not run.done:
                 run.stop()
                 self._deleting.add(rid)
-                threading.Thread(target=_delete_when_ended, args=(self.store, run, DELETE_JOIN_SECONDS),
+                gave_up = (lambda r=rid: self._deleting.discard(r))     # (the table shows it again)
+                threading.Thread(target=_delete_when_ended, args=(self.store, run, DELETE_JOIN_SECONDS, gave_up),
                                  name=f"qatlab-delete-{rid[:8]}", daemon=True).start()
                 continue
             try:

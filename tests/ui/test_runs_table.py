@@ -527,3 +527,18 @@ def test_browser_runs_tab_lists_filters_and_overlays_the_store_and_a_reload_show
     finally:
         context.close()
         server.stop()
+
+
+def test_a_deleted_run_that_does_not_stop_stays_in_the_store_and_shows_again(store, monkeypatch):
+    from qatlab.ui import runs_table
+    monkeypatch.setattr(runs_table, "DELETE_JOIN_SECONDS", 0.2)
+    rid = make_run(store, name="stuck", status="running")
+    run = LiveRun(store, rid, tiny(), "page-a")
+    run.stop = lambda: None                      # asked to stop, never ends
+    table = table_for(store, live=[run])
+    select(table, rid)
+    table.delete_selected()
+    assert table.confirm() is True and rid not in list(table.table.value["id"])   # hidden while it stops
+    assert _wait(lambda: rid not in table._deleting, 5)
+    table.refresh(force=True)
+    assert rid in list(table.table.value["id"]) and store.get(rid).status == "running"
