@@ -203,9 +203,10 @@ class RemoteRun(RunProgress):
                 self._ended.set()
                 return
             queued = not self._on_worker
-        self._control.set("stop")
-        if queued:
+        if queued:          # one round trip; a worker that has just started it sees the task cancelled
             self._future.cancel()
+        else:
+            self._control.set("stop")
 
     def pause(self) -> None:
         """Hold the run between steps (a queued run waits at its first step)."""
@@ -369,6 +370,8 @@ class RemoteRun(RunProgress):
             self._ended.set()
 
     def _finish(self) -> None:
+        """The task ended: the status is known at once (the run has stopped training); then the rows
+        still on their way, the store's copy, and the result."""
         from ..runs import RunResult, failure_message
         fut = self._future
         out = None
@@ -376,25 +379,27 @@ class RemoteRun(RunProgress):
             status = "stopped"
             message = "stopped: its Dask client closed" if self._on_worker else "stopped before it started"
         elif fut.status == "error":
-            exc = fut.exception()
-            self.error = exc
-            status, message = "failed", self._failure(exc, failure_message)
-            self._await_rows(None)
+            self.error = fut.exception()
+            status, message = "failed", self._failure(self.error, failure_message)
         else:
             out = fut.result()
+            status, message = out["status"], out["message"]
+        with self._lock:
+            self.status, self.message, self.finished_at = status, message, time.time()
+        if out is not None:
             self._await_rows(out["rows"])
             self.log.meta.update(out["meta"])
-            status, message = out["status"], out["message"]
             self.worker = self.worker or out["worker"]
             if out.get("weights") and out["weights"] != self._weights_packed:
                 self._weights, self._weights_packed = None, out["weights"]
+        elif self.error is not None:
+            self._await_rows(None)
         result = RunResult(history=self.log.columns(), final=dict(out["final"]) if out else {},
                            model=out["model"] if out else None, status=status, message=message,
                            config=self.config.to_dict())
         self._flush()
-        with self._lock:
-            self._store.finish(self.id, result)
-            self._result, self.status, self.message, self.finished_at = result, status, message, time.time()
+        self._store.finish(self.id, result)      # (not under the lock: the client's event loop takes it)
+        self._result = result
 
     @staticmethod
     def _failure(exc: BaseException, failure_message) -> str:
