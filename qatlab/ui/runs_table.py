@@ -238,7 +238,6 @@ class RunsTable(LiveView):
         self.figures: dict = {}
         self._shown: list = []         # run-likes overlaid now
         self._stored: dict[str, StoredRun] = {}   # stored runs read for the current selection
-        self._build_widgets()
         self._entries: dict[str, Listed] = {}     # every listed run, newest first
         self._raw = None               # the last listing read
         self._ids: list[str] = []      # the table's rows (filtered), in order
@@ -252,9 +251,26 @@ class RunsTable(LiveView):
         self._next_refresh = self._next_interrupted_check = 0.0
         self.refresh_seconds = 0.0     # how long the last refresh took
         self._store_error: str | None = None
-        if self._active:    # a hidden (lazy) tab reads the store when first shown: a page open does not
-            self.refresh(force=True)
+        self._holder = pn.Column(sizing_mode="stretch_width")   # the tab's content, once built
+        self._built = False
+        if not lazy:
+            self.build()
+
+    def build(self) -> None:
+        """Make the widgets and read the store (a lazy view does it when first shown: a page opens
+        without them)."""
+        if self._built:
+            return
+        self._built = True
+        self._build_widgets()
+        self._holder.objects = [self._layout]
+        self.refresh(force=True)
         self.request_rebuild()
+
+    def set_active(self, active: bool) -> None:
+        if active:
+            self.build()
+        super().set_active(active)
 
     def _build_widgets(self) -> None:
         self.table = pn.widgets.Tabulator(frame([]), css_classes=["qatlab-runs-table"], selectable="checkbox",
@@ -606,7 +622,7 @@ class RunsTable(LiveView):
         """Re-read the store's listing into the table, at most once per second (unless ``force``)
         and only if something changed (a listing row, a live run's progress, the filter)."""
         now = time.monotonic()
-        if now < self._next_refresh and not force:
+        if not self._built or (now < self._next_refresh and not force):
             return
         self._next_refresh = now + TABLE_PERIOD
         start = time.perf_counter()
@@ -695,6 +711,8 @@ class RunsTable(LiveView):
 
     def rebuild(self) -> None:
         """Overlay figures of the selected runs."""
+        if not self._built:
+            return
         for rid in [r for r in self._stored if r not in self._selected]:    # deselected: free their history
             stored = self._stored.pop(rid)
             if rid in self.hub and self.hub.stream(stored).run is stored:
@@ -724,4 +742,4 @@ class RunsTable(LiveView):
         return list(self._shown) if self.figures else []
 
     def _panel(self):
-        return self._layout
+        return self._holder

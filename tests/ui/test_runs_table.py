@@ -535,6 +535,7 @@ def test_a_deleted_run_that_does_not_stop_stays_in_the_store_and_shows_again(sto
     rid = make_run(store, name="stuck", status="running")
     run = LiveRun(store, rid, tiny(), "page-a")
     run.stop = lambda: None                      # asked to stop, never ends
+    run.join = lambda timeout=None: time.sleep(timeout) or False
     table = table_for(store, live=[run])
     select(table, rid)
     table.delete_selected()
@@ -542,3 +543,12 @@ def test_a_deleted_run_that_does_not_stop_stays_in_the_store_and_shows_again(sto
     assert _wait(lambda: rid not in table._deleting, 5)
     table.refresh(force=True)
     assert rid in list(table.table.value["id"]) and store.get(rid).status == "running"
+
+
+def test_a_lazy_tab_builds_its_widgets_and_reads_the_store_when_first_shown(store):
+    rid = make_run(store)
+    table = table_for(store, lazy=True)
+    assert not hasattr(table, "table") and table.__panel__().objects == []   # a page opens without them
+    table.refresh(force=True)
+    table.set_active(True)
+    assert list(table.table.value["id"]) == [rid] and table.__panel__().objects == [table._layout]
