@@ -497,7 +497,7 @@ def test_browser_runs_tab_lists_filters_and_overlays_the_store_and_a_reload_show
     path = tmp_path / "runs.sqlite"
     with RunStore(path) as s:     # runs of an earlier process: a notebook's, one with notes and a model
         alpha = make_run(s, tiny(ste="tanh"), name="alpha run", n=30, notes="baseline", owner=OTHER_HOST, model=True)
-        beta = make_run(s, tiny("float"), name="beta run", n=20, owner=OTHER_HOST)
+        beta = make_run(s, tiny("float"), name="beta run", n=20, owner=OTHER_HOST, status="stopped")   # no progress
     server = AppServer(env={"QATLAB_STORE": str(path)})
     try:
         server.start()
