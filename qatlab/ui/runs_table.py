@@ -31,6 +31,7 @@ The page never shows a server file path: messages and downloaded configs keep on
 """
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import json
@@ -414,7 +415,7 @@ class RunsTable(LiveView):
             self._say("Select one run to load its config.")
             return False
         try:
-            cfg = ExperimentConfig.from_dict(entries[0].config_dict)
+            cfg = ExperimentConfig.from_dict(copy.deepcopy(entries[0].config_dict))   # (the listing's dict is shared)
         except (TypeError, ValueError) as exc:
             self._say(f"The config of {entries[0].id[:8]} cannot be loaded: {scrub_paths(str(exc))}")
             return False
