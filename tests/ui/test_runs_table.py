@@ -486,6 +486,27 @@ def test_names_from_notebooks_are_shown_literally_in_questions(store):
     assert re.search(r"(?<!\\)[<>*]", text) is None and r"\<img" in text and r"\*bold\*" in text
 
 
+def test_dashboard_shows_a_stored_run_in_overview_and_loads_its_config(store):
+    from qatlab.ui import Dashboard
+    cfg = tiny()
+    cfg.optim.lr = 0.003
+    rid = make_run(store, cfg, name="old run", n=30, owner=OTHER_HOST, model=True)
+    dash = Dashboard(period=0, store=store)
+    try:
+        dash.tabs.active = 4                               # Runs: built and read when first shown
+        assert list(dash.runs.table.value["name"]) == ["old run"]
+        dash.runs.table.selection = [0]
+        dash.runs.show_button.clicks += 1
+        assert dash.tabs.active == 0 and isinstance(dash.overview.run, StoredRun) and dash.overview.run.id == rid
+        assert "old run" in dash.overview.alert.object and "step 30 / 30" in dash.overview.stats.object
+        dash.tabs.active = 4
+        dash.runs.load_button.clicks += 1
+        panel = dash.config_panel
+        assert panel.config.optim.lr == 0.003 and panel.fields["optim.lr"].widget.value == "0.003"
+    finally:
+        dash.close(join_timeout=5)
+
+
 # ----------------------------------------------------------------------------- in the browser
 
 @pytest.mark.browser
