@@ -162,20 +162,6 @@ def _quant(weights="ternary", bits=4, activations="off", per_channel=False, scal
     return cfg
 
 
-def test_runs_table_shows_bits_only_for_fake_weights_and_the_quantization_columns():
-    pytest.importorskip("panel")
-    from qatlab.ui.runs_table import runs_frame
-    runs = [ql.LocalRun(_quant("ternary"), register=False), ql.LocalRun(_quant("float", batch=32), register=False),
-            ql.LocalRun(_quant("fake", 3, "fake", True, "lsq", 128), register=False),
-            ql.LocalRun(_quant("ternary", activations="fake"), register=False)]
-    df = runs_frame(runs)
-    assert list(df["bits"]) == ["ternary", "float", "3-bit", "ternary"]
-    assert list(df["activations"]) == ["off", "off", "8-bit", "8-bit"]
-    assert list(df["per channel"]) == ["-", "-", "yes", "-"]
-    assert list(df["scale mode"]) == ["-", "-", "lsq", "observer"]
-    assert list(df["batch"]) == [64, 32, 128, 64]
-
-
 def test_runs_csv_writes_counts_as_integers():
     pytest.importorskip("panel")
     from qatlab.ui.runs_table import runs_csv
@@ -196,15 +182,6 @@ def test_runs_legend_says_name_weights_bits_and_ste():
     fake.quant.ste = "tanh"
     assert run_label(ql.LocalRun(fake, name="mine", register=False)) == "mine: fake 3-bit, act 8-bit, STE tanh"
     assert run_label(ql.LocalRun(_quant("ternary"), name="t", register=False)) == "t: ternary, STE identity"
-
-
-def test_runs_table_columns_are_the_same_with_and_without_runs():
-    # a Tabulator whose columns change while its tab is first drawn fails in the browser (module
-    # runs_table, COLUMNS): the empty table has every column already
-    pytest.importorskip("panel")
-    from qatlab.ui.runs_table import COLUMNS, runs_frame
-    assert list(runs_frame([]).columns) == COLUMNS
-    assert list(runs_frame([ql.LocalRun(_quant("fake", 3), register=False)], owner="me").columns) == COLUMNS
 
 
 # ----------------------------------------------------------------------------- in the browser
@@ -242,21 +219,3 @@ def test_runs_tab_first_visited_after_a_run_and_start_keeping_the_tab(chromium, 
         assert dash.console_errors == [] and warnings == []
     finally:
         context.close()
-
-
-@pytest.mark.filterwarnings("ignore:The inplace keyword")
-def test_the_first_run_in_the_runs_table_changes_no_column_of_the_drawn_table():
-    # a columns change makes the browser's Tabulator call setColumns, which fails while the table
-    # is still being built (the Runs tab's first visit): rows may change, columns never
-    pytest.importorskip("panel")
-    from qatlab.ui import RunsTable
-    table = RunsTable()
-    model = table.table.get_root()
-    changes = []
-    model.on_change("columns", lambda attr, old, new: changes.append(new))
-    run = ql.LocalRun(_quant("fake", 3))
-    try:
-        table.refresh(force=True)
-        assert run.id in list(model.source.data["id"]) and changes == []
-    finally:
-        ql.runs.delete_run(run)
