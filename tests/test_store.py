@@ -252,6 +252,18 @@ def test_load_model_without_one(store):
         store.load_model(rid)
 
 
+def test_listing_is_raw_rows_newest_first_with_whether_a_model_is_stored(store):
+    first, second = store.create_run(tiny(), name="a"), store.create_run(tiny(), name="b")
+    store.finish(first, RunResult(history={}, final={"test_accuracy": 0.5}, model=trained_like(tiny())))
+    rows = store.listing()
+    columns = [*RunStore.LISTING_COLUMNS, "has_model"]
+    by_name = {r[columns.index("name")]: dict(zip(columns, r)) for r in rows}
+    assert [r[0] for r in rows] == [second, first]
+    assert by_name["a"]["has_model"] == 1 and by_name["b"]["has_model"] == 0
+    assert json.loads(by_name["a"]["final"]) == {"test_accuracy": 0.5} and by_name["a"]["status"] == "finished"
+    assert json.loads(by_name["b"]["config"]) == tiny().to_dict()
+
+
 def test_finish_needs_an_ended_status(store):
     rid = store.create_run(tiny())
     with pytest.raises(ValueError, match="result.status"):

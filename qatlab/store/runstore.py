@@ -260,6 +260,19 @@ class RunStore:
             found = conn.execute(sql + " ORDER BY created, id", args).fetchall()
         return [RunRecord._from_row(row) for row in found]
 
+    #: The columns of :meth:`listing`'s rows, in order.
+    LISTING_COLUMNS = ("id", "name", "notes", "status", "config", "created", "started", "ended", "message",
+                       "owner_page", "worker", "sweep_id", "final", "heartbeat", "n_rows")
+
+    def listing(self) -> list[tuple]:
+        """Every run as a raw row of :data:`LISTING_COLUMNS` (JSON as text, times as epoch seconds)
+        plus whether it has a stored model, newest first: one query, no config parsed (a table
+        refreshed every second reads this; :meth:`runs` builds an ExperimentConfig per run)."""
+        sql = (f"SELECT {', '.join(self.LISTING_COLUMNS)}, EXISTS (SELECT 1 FROM artifacts a "
+               "WHERE a.run_id = runs.id AND a.name = ?) FROM runs ORDER BY created DESC, id DESC")
+        with self._read() as conn:
+            return conn.execute(sql, (MODEL,)).fetchall()
+
     def find(self, prefix: str) -> str:
         """The id of the one run whose id starts with ``prefix`` (as the CLI prints them)."""
         if not isinstance(prefix, str) or not prefix:

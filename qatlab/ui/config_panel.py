@@ -347,7 +347,7 @@ class ConfigPanel(pn.viewable.Viewer):
                 chooser.choice.value = name          # as if chosen in the list (resolved and checked again)
                 return
         self.config.data.path = ""                   # not offered to the page: validate() names the Data file field
-        chooser._show_using()
+        chooser.show_using()
 
     def validated(self) -> ExperimentConfig | None:
         """A copy of the config if every field holds what was typed and ``validate()`` accepts it;

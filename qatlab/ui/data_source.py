@@ -101,7 +101,7 @@ class DataFileChooser(Checked):
         self.box = pn.Column(pn.pane.HTML(f"<small>{hint}</small>", margin=(0, 10)), self.upload, self.choice,
                              self.using, self.guard, sizing_mode="stretch_width", margin=0)
         self.views = [self.box]
-        self._show_using()
+        self.show_using()
 
     def _listing(self) -> list[str]:
         if self.data_dir is None:
@@ -160,7 +160,7 @@ class DataFileChooser(Checked):
         self._source = source
         self.config.path = str(path)
         self._set_error(None)
-        self._show_using()
+        self.show_using()
         if self.on_change is not None:
             self.on_change(self)
 
@@ -169,7 +169,8 @@ class DataFileChooser(Checked):
         if self.on_change is not None:
             self.on_change(self)
 
-    def _show_using(self) -> None:
+    def show_using(self) -> None:
+        """Say which file the config uses (or that none is chosen yet)."""
         if self.config.path and self._source:
             self.using.object = f"<small>Using {html.escape(self._source)}</small>"
         elif self.config.path:

@@ -1,10 +1,9 @@
 """The Runs table's view of the store: one light :class:`Listed` per run, read cheaply once a second.
 
-``RunStore.runs()`` builds an ExperimentConfig per run (about 3 ms each: 0.5-0.8 s for 200
-runs), too slow for a table refreshed every second by every page. :func:`read_listing` reads the
-same ``runs`` table columns with one query in the store's own read snapshot (and whether each run
-has a stored model); a run's config never changes, so its table columns are computed from the
-config's JSON once per process (:func:`config_columns`, cached by run id).
+``RunStore.runs()`` builds an ExperimentConfig per run, too slow for a table refreshed every second
+by every page; the table reads ``RunStore.listing()`` (raw rows, one query) into :class:`Listed`
+instead. A run's config never changes, so its table columns are computed from the config's JSON
+once per process (:func:`config_columns`, cached by run id).
 """
 from __future__ import annotations
 
@@ -13,21 +12,8 @@ import json
 import math
 from dataclasses import dataclass
 
-from ..store.runstore import MODEL
-
-_SQL = ("SELECT id, name, notes, status, config, created, started, ended, message, owner_page, worker, "
-        "sweep_id, final, heartbeat, n_rows, "
-        "EXISTS (SELECT 1 FROM artifacts a WHERE a.run_id = runs.id AND a.name = ?) "
-        "FROM runs ORDER BY created DESC, id DESC")
 _CACHE_LIMIT = 50_000          # cached runs' config columns (one small dict each)
 _columns_cache: dict[str, dict] = {}
-
-
-def read_listing(store) -> list[tuple]:
-    """The store's runs as raw rows, newest first (compare two reads to see whether anything changed)."""
-    # the store's read snapshot (lock, clear errors, fork safety); see the module doc for why not runs()
-    with store._read() as conn:
-        return conn.execute(_SQL, (MODEL,)).fetchall()
 
 
 @dataclass

@@ -29,7 +29,8 @@ from . import figures as F
 from .base import LiveView, Throttle, bokeh_pane, short_message
 
 ALERT_TYPES = {"created": "light", "running": "primary", "paused": "warning", "finished": "success",
-               "stopped": "secondary", "diverged": "danger", "failed": "danger"}
+               "stopped": "secondary", "diverged": "danger", "failed": "danger", "interrupted": "warning",
+               "pruned": "secondary"}
 
 
 def format_seconds(seconds: float) -> str:

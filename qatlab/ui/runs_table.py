@@ -49,7 +49,7 @@ from ..runs import NAME_LIMIT, checked_name
 from ..store import ENDED, RunStore, StoreLockedError
 from . import figures as F
 from .base import LiveView, bokeh_pane
-from .run_listing import Listed, read_listing, utc_minutes
+from .run_listing import Listed, utc_minutes
 from .stored_run import StoredRun, public_config, scrub_paths
 from .tables import same
 
@@ -629,7 +629,7 @@ class RunsTable(LiveView):
         start = time.perf_counter()
         self._check_interrupted(now)
         try:
-            raw = read_listing(self.store)
+            raw = self.store.listing()
         except (StoreLockedError, ValueError) as exc:
             log.warning("qatlab: reading the run store failed: %s", exc)
             self._store_error = f"The run store cannot be read now: {scrub_paths(str(exc))}"

@@ -460,14 +460,13 @@ def _wait(predicate, timeout: float) -> bool:
 
 
 def test_a_store_that_cannot_be_read_is_said_without_its_path_and_recovers(store, monkeypatch):
-    from qatlab.store import StoreLockedError
-    from qatlab.ui import runs_table
+    from qatlab.store import RunStore, StoreLockedError
     rid = make_run(store, name="x")
     table = table_for(store)
 
     def locked(_store):
         raise StoreLockedError(f"{store.path}: the run store is locked by another connection (waited 5 s)")
-    monkeypatch.setattr(runs_table, "read_listing", locked)
+    monkeypatch.setattr(RunStore, "listing", locked)
     table.refresh(force=True)
     assert table.message.visible and "locked" in table.message.object and str(store.path) not in table.message.object
     assert list(table.table.value["id"]) == [rid]          # the last list stays
