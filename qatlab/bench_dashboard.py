@@ -77,6 +77,9 @@ CHROMIUM = os.environ.get("QATLAB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1400, "height": 900}
+# The page takes a second press of Start within 0.5 s of the first as a double click (and drops it);
+# a 1-epoch run can end sooner than that.
+PRESS_SPACING_S = 1.0
 STEPS_PER_EPOCH = 23        # digits: 1437 training samples / batch 64, rounded up
 DONE = ("finished", "stopped", "diverged", "failed")
 INSPECT_ENV = "QATLAB_INSPECT_PORT"
@@ -114,7 +117,7 @@ GOAL_RUNS_MEM_MIB = 10.0     # server RSS growth across the finished runs of the
 # memory-across-finished-runs probe.
 FULL = dict(rounds=5, epochs=1200, mem_lo=10_000, mem_hi=100_000, sessions=8, session_epochs=10,
             cnn_rounds=2, cnn_epochs=4, runs_n=200, runs_warm=20)
-QUICK = dict(rounds=1, epochs=60, mem_lo=4_000, mem_hi=20_000, sessions=4, session_epochs=5,
+QUICK = dict(rounds=1, epochs=300, mem_lo=4_000, mem_hi=20_000, sessions=4, session_epochs=5,
              cnn_rounds=1, cnn_epochs=1, runs_n=20, runs_warm=5)
 
 
@@ -380,6 +383,18 @@ def sample_main_thread(seconds: float, interval: float = 0.005, top: int = 40) -
     return {"samples": n, "idle": idle, "inclusive": best(inclusive), "leaf": best(leaf)}
 
 
+def count_objects(top: int = 40) -> list:
+    """The ``top`` most numerous kinds of objects the garbage collector tracks in this process, as
+    ``[["module.Type", count], ...]``: compared before and after a probe, it shows what piles up."""
+    import gc
+    counts: dict[str, int] = {}
+    for obj in gc.get_objects():
+        t = type(obj)
+        name = f"{t.__module__}.{t.__qualname__}"
+        counts[name] = counts.get(name, 0) + 1
+    return sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+
+
 def _inspector_state(ids=None, config: bool = True) -> dict:
     """The server process's state; runs (see :class:`_RunTracker`) restricted to ``ids`` when given,
     configs only with ``config`` (the bench polls lightly while pages stream)."""
@@ -423,8 +438,9 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
 
     Meant for ``panel serve --setup``: it runs inside the server process and reads that
     process's runs, threads and Dashboards (``/state``; ``/sample?seconds=S``: the main thread's
-    stacks sampled, :func:`sample_main_thread`). Read-only except ``/headless?epochs=N[&kind=cnn]``,
-    which trains one headless STE comparison of :func:`bench_config` there and returns its runs.
+    stacks sampled, :func:`sample_main_thread`; ``/objects?top=N``: :func:`count_objects`). Read-only
+    except ``/headless?epochs=N[&kind=cnn]``, which trains one headless STE comparison of
+    :func:`bench_config` from there and returns its runs.
     """
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import parse_qs, urlsplit
@@ -441,6 +457,8 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
                     body = _inspector_state(ids, query.get("config", ["1"])[0] != "0")
                 elif url.path == "/sample":
                     body = sample_main_thread(float(parse_qs(url.query)["seconds"][0]))
+                elif url.path == "/objects":
+                    body = count_objects(int(parse_qs(url.query).get("top", ["40"])[0]))
                 elif url.path == "/headless":
                     query = parse_qs(url.query)
                     body = _inspector_headless(int(query["epochs"][0]), query.get("kind", ["digits"])[0])
@@ -867,18 +885,29 @@ def _finished_runs_memory(browser, server: AppServer, n: int, warm: int, timeout
     """The server's RSS after ``warm`` short runs (1 digits epoch) started one after another from a
     page, and again after ``n`` more: whatever a finished run leaves in the server adds up."""
     ctx = browser.new_context(viewport=VIEWPORT)
-    out: dict = {"n": n, "warm": warm, "statuses": {}}
+    out: dict = {"n": n, "warm": warm, "statuses": {}, "rss_every_10": []}
     try:
         dp = DashboardPage(ctx.new_page(), server.url).open()
         set_page_config(dp, 1)
-        t0 = time.monotonic()
+        t0 = pressed = time.monotonic()
         for i in range(warm + n):
+            if i % 10 == 0:
+                out["rss_every_10"].append(server.inspect("/state?config=0&ids=-")["rss"])
             if i == warm:
                 out["rss_before"] = server.inspect("/state?config=0&ids=-")["rss"]
                 t0 = time.monotonic()
             before = set(server.runs())
-            dp.click("Start")
-            rid = _new_runs(server, before, 1)[0]["id"]
+            for attempt in range(3):      # a press the page dropped (seen rarely under load) is pressed again
+                time.sleep(max(0.0, pressed + PRESS_SPACING_S - time.monotonic()))   # not a double click
+                pressed = time.monotonic()
+                dp.click("Start")
+                try:
+                    rid = _new_runs(server, before, 1, timeout=10)[0]["id"]
+                    break
+                except AssertionError:
+                    out["presses_again"] = out.get("presses_again", 0) + 1
+                    if attempt == 2:
+                        raise
             deadline = time.monotonic() + timeout
             while (status := server.runs([rid])[rid]["status"]) not in DONE and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -1035,7 +1064,8 @@ def _start_and_wait(dp: DashboardPage, server: AppServer, timeout: float = 120.0
     rid = _new_runs(server, before, 1)[0]["id"]
     run = _wait_done(server, [rid], timeout)[0]
     out = {"run": rid, "server_status": run["status"], "message": run["message"]}
-    shown = _wait(lambda: rid in dp.text_of(".qatlab-run-alert") and run["status"] in dp.text_of(".qatlab-run-alert"),
+    name = run["name"]      # the alert names the run (a RemoteRun's default name: its id's first 8 characters)
+    shown = _wait(lambda: name in dp.text_of(".qatlab-run-alert") and run["status"] in dp.text_of(".qatlab-run-alert"),
                   timeout=timeout, step=0.2)
     out["alert"] = dp.text_of(".qatlab-run-alert")
     out["page_status"] = dp.status() if shown else f"page never showed {run['status']}: {out['alert'][:120]}"
