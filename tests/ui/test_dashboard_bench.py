@@ -82,6 +82,10 @@ def test_inspector_reports_state_and_samples(inspector):
     sample = _get(inspector, "/sample?seconds=0.2")
     assert sample["samples"] > 5 and sample["inclusive"] and sample["leaf"]
     assert any("test_inspector_reports_state" in name for name, _ in sample["inclusive"])   # this thread waits there
+    kinds = dict(_get(inspector, "/objects?top=5000"))
+    assert kinds["builtins.dict"] > 100 and kinds.get(f"{__name__}._Run", 0) == 0
+    keep = [_Run(f"r{i}") for i in range(3)]                 # three more of a kind are counted
+    assert dict(_get(inspector, "/objects?top=5000"))[f"{__name__}._Run"] == len(keep)
 
 
 class _Run:
