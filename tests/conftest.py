@@ -50,15 +50,28 @@ def force_split(monkeypatch):
     return patch
 
 
-@pytest.fixture(scope="module")
-def client2():
-    """A Dask client on a new local cluster of 2 one-thread worker processes (kernels not warmed)."""
+def _local_client(n_workers: int):
+    """A Dask client on a new local cluster of ``n_workers`` one-thread worker processes (kernels not
+    warmed), closed with its cluster when the generator ends."""
     from distributed import Client
 
     from qatlab.executor import WarmWorker, local_cluster
-    cluster = local_cluster(2)
+    cluster = local_cluster(n_workers)
     client = Client(cluster, set_as_default=False, timeout="60s")
     client.register_plugin(WarmWorker(warm=False))
     yield client
     client.close(timeout=30)
     cluster.close(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def client2():
+    """A Dask client on a new local cluster of 2 one-thread worker processes."""
+    yield from _local_client(2)
+
+
+@pytest.fixture(scope="module")
+def client6():
+    """A Dask client on a new local cluster of 6 one-thread worker processes (runs that hold their
+    worker while paused can all train at once)."""
+    yield from _local_client(6)

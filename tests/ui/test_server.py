@@ -42,22 +42,7 @@ def _wait(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
 
 
 @pytest.fixture(scope="module")
-def workers6():
-    """A Dask client on a local cluster of 6 one-thread workers: every run of the module's sessions
-    (a run, a comparison, a keep-alive run) trains at once, as paused runs hold their worker."""
-    from distributed import Client
-
-    from qatlab.executor import WarmWorker, local_cluster
-    cluster = local_cluster(6)
-    client = Client(cluster, set_as_default=False, timeout="60s")
-    client.register_plugin(WarmWorker(warm=False))
-    yield client
-    client.close(timeout=30)
-    cluster.close(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def server(workers6):
+def server(client6):
     """A threaded server whose app starts a run, a comparison or a keep-alive run, by session number."""
     dashboards: list[Dashboard] = []
 
@@ -65,7 +50,7 @@ def server(workers6):
         cfg = ql.ExperimentConfig()
         cfg.model.hidden = [16]
         cfg.optim.epochs = LONG_EPOCHS
-        dash = Dashboard(config=cfg, client=workers6)
+        dash = Dashboard(config=cfg, client=client6)
         dashboards.append(dash)
         kind = len(dashboards) % 3
         if kind == 1:
