@@ -153,7 +153,9 @@ def test_run_on_a_worker_streams_rows_and_matches_in_process(client2, store):
     assert not run.done and store.get(run.id).status == "running"
     assert run.log.meta["total_steps"] == run.total_steps > 0 and run.log.meta["config"] == cfg.to_dict()
     assert run.join(JOIN) and run.status == "finished", run.message
-    assert client2.get_events(topic(run.id)) == ()              # the scheduler forgot the run's rows
+    forgotten = client2.run_on_scheduler(lambda dask_scheduler, name=topic(run.id): name not in dask_scheduler._broker._topics)
+    assert forgotten                                           # the scheduler forgot the run's topic ...
+    assert client2.get_events(topic(run.id)) == ()              # ... and its rows
     assert run.progress == 1.0 and run.elapsed > 0
     record = store.get(run.id)
     assert record.status == "finished" and record.worker == run.worker and run.worker.startswith("tcp://127.0.0.1")
@@ -175,6 +177,9 @@ def test_run_on_a_worker_streams_rows_and_matches_in_process(client2, store):
     run.release()                            # the model leaves this process; the store keeps it
     assert run.result().model is None and run.result().final == result.final
     np.testing.assert_array_equal(store.load_model(run.id).flat_params(), ref.model.flat_params())
+    lean = RemoteRun(config(epochs=2), store=store, client=client2, keep_model=False).start()
+    assert lean.join(JOIN) and lean.status == "finished" and lean.result().model is None   # only the store has it
+    assert store.load_model(lean.id).flat_params().size == ref.model.flat_params().size
 
 
 @pytest.mark.slow

@@ -109,10 +109,13 @@ class RemoteRun(RunProgress):
         keep_alive: the run goes on when this process shuts the executor down (else it is stopped).
         owner: the store's owner of the run: None (this process), a page id, or a dict.
         sweep_id, point: the sweep the run belongs to and its point (kept in the store; see qatlab.sweep).
+        keep_model: keep the trained model in ``result().model`` once it is stored (else only the
+            store holds it: ``store.load_model(run.id)``; a server showing many runs keeps none).
     """
 
     def __init__(self, config: ExperimentConfig, name: str | None = None, store=None, client=None,
-                 keep_alive: bool = False, owner=None, sweep_id: str | None = None, point: dict | None = None):
+                 keep_alive: bool = False, owner=None, sweep_id: str | None = None, point: dict | None = None,
+                 keep_model: bool = True):
         from ..runs import checked_name
         from ..store import RunStore
         if not isinstance(config, ExperimentConfig):
@@ -126,7 +129,7 @@ class RemoteRun(RunProgress):
         config.validate()
         self.config = config.copy()
         self.name = None if name is None else checked_name(name)
-        self.keep_alive, self.owner = keep_alive, owner
+        self.keep_alive, self.owner, self.keep_model = keep_alive, owner, bool(keep_model)
         self.sweep_id, self.point = sweep_id, point
         self.id: str | None = None          # the store's run id, from start()
         self.log = MetricsLog()
@@ -399,6 +402,8 @@ class RemoteRun(RunProgress):
                            config=self.config.to_dict())
         self._flush()
         self._store.finish(self.id, result)      # (not under the lock: the client's event loop takes it)
+        if not self.keep_model:
+            result.model = None
         self._result = result
 
     @staticmethod

@@ -212,6 +212,11 @@ def run_on_worker(config: dict, run_id: str) -> dict:
 
 
 def forget_topic(dask_scheduler, name: str) -> None:
-    """Drop a finished run's events from the scheduler's memory (run with ``Client.run_on_scheduler``;
-    Dask has no public call for it, so the client treats a failure here as harmless)."""
-    dask_scheduler._broker.truncate(name)
+    """Drop a finished run's events, and its topic once nobody subscribes, from the scheduler's memory
+    (run with ``Client.run_on_scheduler``; Dask has no public call for it, so the client treats a
+    failure here as harmless)."""
+    broker = dask_scheduler._broker
+    broker.truncate(name)
+    topic = broker._topics.get(name)
+    if topic is not None and not topic.subscribers:
+        del broker._topics[name]

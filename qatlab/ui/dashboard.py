@@ -124,7 +124,7 @@ class Dashboard(pn.viewable.Viewer):
         self.page = PageWatch(pn.state.curdoc if session is not None else None)
         self.reaper: threading.Thread | None = None
         self.param.watch(self._on_current, "current")
-        self.param.watch(lambda e: setattr(self.ste, "runs", e.new), "comparison")
+        self.param.watch(self._on_comparison, "comparison")
         DASHBOARDS.add(self)
         if session is not None:
             pn.state.on_session_destroyed(self._on_session_destroyed)
@@ -147,7 +147,7 @@ class Dashboard(pn.viewable.Viewer):
         try:
             for key, (cfg, name) in configs.items():
                 runs[key] = RemoteRun(cfg, name=name, owner=self.owner, keep_alive=self.config_panel.keep_alive.value,
-                                      store=self.store, client=self.client).start()
+                                      store=self.store, client=self.client, keep_model=False).start()
         except (ValueError, TypeError, OSError, TimeoutError) as exc:
             for run in runs.values():
                 run.stop()
@@ -225,6 +225,18 @@ class Dashboard(pn.viewable.Viewer):
     def _on_current(self, event) -> None:
         for view in (self.overview, self.quant, self.phases):
             view.run = event.new
+        self._forget_unshown()
+
+    def _on_comparison(self, event) -> None:
+        self.ste.runs = event.new
+        self._forget_unshown()
+
+    def _forget_unshown(self) -> None:
+        """Drop the streams of runs no view shows any more (their rows stay in the run and the store)."""
+        shown = {r.id for view in self.views for r in view.shown_runs()}
+        for stream in self.hub.streams:
+            if stream.run.id not in shown:
+                self.hub.drop(stream.run.id)
 
     def _on_keep_alive(self, event) -> None:
         for run in self.owned_runs():

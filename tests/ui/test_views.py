@@ -393,11 +393,15 @@ def test_dashboard_trains_on_workers_streams_and_closes(tmp_path, client2):
     assert "Status:** finished" in dash.status.status.object
     dash.tabs.active = 2   # Quantization: built lazily when shown, histograms from the last snapshot
     assert dash.quant.figures and dash.quant.hist_sources["latent-0"].data["count"].sum() > 0
+    assert run.result().model is None and store.load_model(run.id) is not None   # the server keeps no model
 
     dash.config_panel.config.optim.epochs = 10_000   # long runs: still training when the session closes
     runs = dash.compare_ste()
     assert len(runs) == 4 and dash.ste.runs == runs and dash.tabs.active == 1
     assert all(r.owner == dash.owner and not r.keep_alive for r in runs.values())
+    assert run.id in dash.hub
+    dash.current = None                              # no view shows the first run now: its stream goes
+    assert run.id not in dash.hub and all(r.id in dash.hub for r in runs.values())
     survivor = ql.Run(dash.config_panel.config, owner=dash.owner, keep_alive=True, store=store, client=client2).start()
     stopped = dash.close(join_timeout=60)
     assert set(stopped) == set(runs.values())
