@@ -20,6 +20,9 @@ SCHEDULER_ENV = "QATLAB_SCHEDULER"
 #: train together (each a process of its own) even on a 2-core machine.
 MIN_LOCAL_WORKERS = 4
 CONNECT_TIMEOUT = "20s"
+#: The local cluster's worker processes run at this lower CPU priority (nice) than the process that
+#: started them: a machine that serves the dashboard and trains answers its pages first.
+LOCAL_NICE = 10
 
 _lock = threading.RLock()
 _clients: dict[str, object] = {}       # "local" or an address -> Client made by connect()
@@ -34,18 +37,20 @@ except ImportError:                    # (dask[distributed] is a dependency; thi
 
 
 class WarmWorker(_PluginBase):
-    """On each worker (and each one that joins or restarts later): import qatlab and, with
-    ``warm``, compile or load its Numba kernels on a background thread (:func:`qatlab.warmup.start`;
-    about a second once Numba's on-disk cache is filled)."""
+    """On each worker (and each one that joins or restarts later): lower its CPU priority by
+    ``nice``, import qatlab and, with ``warm``, compile or load its Numba kernels on a background
+    thread (:func:`qatlab.warmup.start`; about a second once Numba's on-disk cache is filled)."""
 
     name = "qatlab-warm"
     idempotent = True
 
-    def __init__(self, warm: bool = True):
-        self.warm = bool(warm)
+    def __init__(self, warm: bool = True, nice: int = 0):
+        self.warm, self.nice = bool(warm), int(nice)
 
     def setup(self, worker) -> None:
         import qatlab  # noqa: F401  (one BLAS thread, Numba's cache directory)
+        if self.nice and hasattr(os, "nice"):
+            os.nice(self.nice)          # (a worker process's own priority; Linux may not raise it back)
         if self.warm:
             from qatlab import warmup
             warmup.start()
@@ -106,7 +111,8 @@ def connect(address: str | None = None, n_workers: int | None = None, warm: bool
             client = Client(_cluster, set_as_default=False)
         else:
             client = Client(address, timeout=CONNECT_TIMEOUT, set_as_default=False)
-        client.register_plugin(WarmWorker(warm))
+        # the local cluster's workers yield the CPU to the process serving pages (and its browser)
+        client.register_plugin(WarmWorker(warm, nice=LOCAL_NICE if address is None else 0))
         _clients[key] = client
         if not _atexit_registered:
             atexit.register(shutdown)
