@@ -217,6 +217,6 @@ def forget_topic(dask_scheduler, name: str) -> None:
     failure here as harmless)."""
     broker = dask_scheduler._broker
     broker.truncate(name)
-    topic = broker._topics.get(name)
-    if topic is not None and not topic.subscribers:
+    held = broker._topics.get(name)
+    if held is not None and not held.subscribers:
         del broker._topics[name]
