@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from qatlab.bench_dashboard import ROOT, AppServer, browser_unavailable, launch_chromium
+from qatlab.bench_dashboard import ROOT, AppServer, DashboardPage, browser_unavailable, launch_chromium
 
 
 def _require_browser() -> None:
@@ -52,3 +52,24 @@ def app_server(chromium):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def open_app(chromium):
+    """``open_app(**env)`` -> (server, page): ``panel serve app/`` with these environment variables
+    (its process only) and an opened :class:`DashboardPage` on it; both closed at teardown."""
+    opened = []
+
+    def open_(**env):
+        server = AppServer(root=ROOT, env=env)
+        try:
+            server.start()
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
+        opened.append(server.stop)
+        context = chromium.new_context(viewport={"width": 1400, "height": 900})
+        opened.append(context.close)
+        return server, DashboardPage(context.new_page(), server.url).open(timeout=90)
+    yield open_
+    for close in reversed(opened):
+        close()

@@ -12,7 +12,6 @@ pytest.importorskip("panel")
 from bokeh.document import Document  # noqa: E402
 from panel.io.state import set_curdoc  # noqa: E402
 
-from qatlab.bench_dashboard import ROOT, AppServer, DashboardPage  # noqa: E402
 from qatlab.ui import base, internals  # noqa: E402
 
 DONE = ("finished", "stopped", "diverged", "failed")
@@ -67,25 +66,12 @@ def test_switched_on_the_session_and_design_are_used(monkeypatch):
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_the_app_trains_a_run_with_the_internals_switched_off(chromium, tmp_path):
-    server = AppServer(root=ROOT)
-    with pytest.MonkeyPatch.context() as mp:             # the server process inherits them
-        mp.setenv("QATLAB_PANEL_INTERNALS", "0")
-        mp.setenv("QATLAB_STORE", str(tmp_path / "runs.sqlite"))
-        try:
-            server.start()
-        except RuntimeError as exc:
-            pytest.fail(str(exc))
-    context = chromium.new_context(viewport={"width": 1400, "height": 900})
-    try:
-        dash = DashboardPage(context.new_page(), server.url).open(timeout=90)
-        dash.set_input("Epochs", 1)
-        dash.click("Start")
-        assert dash.wait_status(lambda s: s in DONE, timeout=90, what="finished") == "finished"
-        assert dash.source_lengths() and max(dash.source_lengths().values()) > 0
-        assert dash.page.evaluate("() => window.qatlab_render_patch === undefined")
-    finally:
-        context.close()
-        server.stop()
+def test_the_app_trains_a_run_with_the_internals_switched_off(open_app, tmp_path):
+    server, dash = open_app(QATLAB_PANEL_INTERNALS="0", QATLAB_STORE=str(tmp_path / "runs.sqlite"))
+    dash.set_input("Epochs", 1)
+    dash.click("Start")
+    assert dash.wait_status(lambda s: s in DONE, timeout=90, what="finished") == "finished"
+    assert dash.source_lengths() and max(dash.source_lengths().values()) > 0
+    assert dash.page.evaluate("() => window.qatlab_render_patch === undefined")
     assert "Traceback" not in server.log_tail(400), server.log_tail()
-    assert os.environ.get("QATLAB_PANEL_INTERNALS") is None
+    assert os.environ.get("QATLAB_PANEL_INTERNALS") is None          # (the server's environment only)

@@ -510,44 +510,34 @@ def test_dashboard_shows_a_stored_run_in_overview_and_loads_its_config(store):
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_browser_runs_tab_lists_filters_and_overlays_the_store_and_a_reload_shows_the_same(chromium, tmp_path):
+def test_browser_runs_tab_lists_filters_and_overlays_the_store_and_a_reload_shows_the_same(open_app, tmp_path):
     import re as _re
 
-    from qatlab.bench_dashboard import AppServer, DashboardPage, wait_for
+    from qatlab.bench_dashboard import wait_for
     path = tmp_path / "runs.sqlite"
     with RunStore(path) as s:     # runs of an earlier process: a notebook's, one with notes and a model
         alpha = make_run(s, tiny(ste="tanh"), name="alpha run", n=30, notes="baseline", owner=OTHER_HOST, model=True)
         beta = make_run(s, tiny("float"), name="beta run", n=20, owner=OTHER_HOST, status="stopped")   # no progress
-    server = AppServer(env={"QATLAB_STORE": str(path)})
-    try:
-        server.start()
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
-    context = chromium.new_context(viewport={"width": 1400, "height": 900})
-    try:
-        dash = DashboardPage(context.new_page(), server.url).open(timeout=90)
+    _, dash = open_app(QATLAB_STORE=str(path))
 
-        def runs_tab():
-            dash.page.locator(".bk-tab").filter(has_text=_re.compile("^Runs$")).first.click()
-            rows = dash.page.locator(".qatlab-runs-table .tabulator-row")
-            wait_for(lambda: rows.count() == 2, 30, "the two stored runs in the Runs tab")
-            return rows
-        rows = runs_tab()
-        assert "beta run" in rows.nth(0).inner_text() and "alpha run" in rows.nth(1).inner_text()   # newest first
-        assert "notebook / CLI" in rows.nth(1).inner_text() and "baseline" in rows.nth(1).inner_text()
-        dash.set_input("Filter", "baseline")
-        wait_for(lambda: rows.count() == 1, 10, "the filter leaves one run")
-        rows.nth(0).locator("input[type=checkbox]").click()
-        wait_for(lambda: f"runs-loss-{alpha}" in dash.model_names("runs-loss-"), 20, "the stored run overlaid")
-        assert dash.button("Download model").is_enabled() and f"runs-loss-{beta}" not in dash.model_names("runs-loss-")
-        assert str(tmp_path) not in dash.body_text()
-        dash.page.reload()
-        dash.wait_ready(90)
-        runs_tab()                                       # the same list after a reload
-        assert dash.console_errors == [], dash.console_errors
-    finally:
-        context.close()
-        server.stop()
+    def runs_tab():
+        dash.page.locator(".bk-tab").filter(has_text=_re.compile("^Runs$")).first.click()
+        rows = dash.page.locator(".qatlab-runs-table .tabulator-row")
+        wait_for(lambda: rows.count() == 2, 30, "the two stored runs in the Runs tab")
+        return rows
+    rows = runs_tab()
+    assert "beta run" in rows.nth(0).inner_text() and "alpha run" in rows.nth(1).inner_text()   # newest first
+    assert "notebook / CLI" in rows.nth(1).inner_text() and "baseline" in rows.nth(1).inner_text()
+    dash.set_input("Filter", "baseline")
+    wait_for(lambda: rows.count() == 1, 10, "the filter leaves one run")
+    rows.nth(0).locator("input[type=checkbox]").click()
+    wait_for(lambda: f"runs-loss-{alpha}" in dash.model_names("runs-loss-"), 20, "the stored run overlaid")
+    assert dash.button("Download model").is_enabled() and f"runs-loss-{beta}" not in dash.model_names("runs-loss-")
+    assert str(tmp_path) not in dash.body_text()
+    dash.page.reload()
+    dash.wait_ready(90)
+    runs_tab()                                       # the same list after a reload
+    assert dash.console_errors == [], dash.console_errors
 
 
 def test_a_deleted_run_that_does_not_stop_stays_in_the_store_and_shows_again(store, monkeypatch):
