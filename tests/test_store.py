@@ -384,6 +384,29 @@ def _writer(path: str, shared: str, tag: int, batches: int, ready, go) -> None:
         s.append_rows(shared, rows)
 
 
+def _opener(path: str, go) -> None:
+    go.wait(30)
+    RunStore(path, timeout=20).create_run(tiny())
+
+
+def test_processes_opening_a_new_store_at_once_all_get_it_in_wal(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    for attempt in range(3):
+        path, go = str(tmp_path / f"new{attempt}.sqlite"), ctx.Event()
+        procs = [ctx.Process(target=_opener, args=(path, go)) for _ in range(3)]
+        for p in procs:
+            p.start()
+        go.set()
+        for p in procs:
+            p.join(120)
+        assert [p.exitcode for p in procs] == [0, 0, 0]
+        conn = sqlite3.connect(path)
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA page_size").fetchone()[0] == 16384
+        conn.close()
+        assert len(RunStore(path).runs()) == 3
+
+
 def test_two_writer_processes_lose_no_rows(tmp_path):
     path = str(tmp_path / "s.sqlite")
     s = RunStore(path)

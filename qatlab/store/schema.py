@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import time
 
 from . import rows as R
 
@@ -97,15 +98,31 @@ def connect(path: str, timeout: float) -> sqlite3.Connection:
     try:
         with translated(path, timeout):
             conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+            app, ver, tables = _version(conn)
+            _refuse(path, app, ver, tables)  # a foreign or newer file: refused before anything is written
+            if tables == 0:                  # a new file: its page size, set before WAL fixes it
+                conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+            _use_wal(conn, timeout)          # before the schema: no process sees a store not yet in WAL
             _ensure_schema(conn, path)
-            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-                conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")   # WAL: durable at checkpoints, fast commits
             conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")  # history blobs read without page-cache copies
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _use_wal(conn, timeout: float) -> None:
+    """Switch the file to WAL (kept in the file). The switch needs the file to itself and SQLite may
+    refuse it at once while another process reads a new store: try again until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc).lower() or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _version(conn) -> tuple[int, int, int]:
@@ -120,8 +137,6 @@ def _ensure_schema(conn, path: str) -> None:
     if app == APP_ID and ver == SCHEMA_VERSION:
         return
     _refuse(path, app, ver, tables)
-    if tables == 0:
-        conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")   # only takes effect on a new, empty file
     conn.execute("BEGIN IMMEDIATE")      # another process may be creating or migrating it right now
     try:
         app, ver, tables = _version(conn)
