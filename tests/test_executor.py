@@ -287,6 +287,53 @@ def test_stop_of_a_queued_run_cancels_it(client2, store):
         _stop_all(busy)
 
 
+@pytest.mark.slow
+def test_prepare_creates_the_run_and_start_only_submits_it(client2, store):
+    run = RemoteRun(config(epochs=2), name="ready", store=store, client=client2, weights=False)
+    assert run.prepare() is run and run.status == "created" and run.task_ended
+    assert store.get(run.id).status == "created"
+    with pytest.raises(RuntimeError, match="already prepared"):
+        run.prepare()
+    assert run.start() is run and run.join(JOIN) and run.status == "finished"
+    assert run.task_ended and store.get(run.id).status == "finished"
+    assert run.weight_snapshot() is None           # (weights=False: the worker published none)
+    with pytest.raises(RuntimeError, match="already started"):
+        run.start()
+
+
+@pytest.mark.slow
+def test_a_prepared_run_stopped_before_start_is_stored_stopped_and_forgotten(client2, store):
+    from distributed import Variable
+
+    from qatlab.executor.worker import control_name
+    run = RemoteRun(config(), store=store, client=client2).prepare()
+    assert Variable(control_name(run.id), client=client2).get(timeout=5) == "run"
+    run.stop()
+    assert run.done and run.join(0) and run.message == "stopped before it started"
+    assert store.get(run.id).status == "stopped"
+
+    def control_gone() -> bool:                # (Variable.delete reaches the scheduler a moment later)
+        try:
+            Variable(control_name(run.id), client=client2).get(timeout=0.2)
+        except Exception:
+            return True
+        return False
+
+    wait_for(control_gone, 30, "the control Variable to be deleted")
+    assert run.start() is run and run.status == "stopped" and run.worker is None
+
+
+@pytest.mark.slow
+def test_on_task_end_is_called_once_the_worker_slot_is_free(client2, store):
+    import threading
+    freed = threading.Event()
+    run = RemoteRun(config(epochs=2), store=store, client=client2, on_task_end=freed.set).start()
+    assert freed.wait(JOIN) and run.task_ended
+    assert run.join(JOIN) and run.status == "finished"
+    with pytest.raises(TypeError, match="on_task_end"):
+        RemoteRun(config(), on_task_end="soon")
+
+
 # ------------------------------------------------------------------------------- LocalCluster of 4
 
 

@@ -88,6 +88,19 @@ def test_create_and_get(store):
     assert store.create_run(cfg) != rid
 
 
+def test_a_record_parses_its_config_only_when_asked(store):
+    rid = store.create_run(tiny())
+    conn = sqlite3.connect(store.path)
+    stored = json.loads(conn.execute("SELECT config FROM runs WHERE id = ?", (rid,)).fetchone()[0])
+    stored["quant"]["weight_bits"] = 99              # a value this qatlab no longer accepts
+    with conn:
+        conn.execute("UPDATE runs SET config = ? WHERE id = ?", (json.dumps(stored), rid))
+    conn.close()
+    record = store.runs()[0]
+    assert "config" not in vars(record)              # listing runs parses no config
+    assert record.config is None and record.config_dict["quant"]["weight_bits"] == 99
+
+
 def test_create_refuses_bad_input(store):
     with pytest.raises(TypeError, match="config"):
         store.create_run("digits")

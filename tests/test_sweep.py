@@ -234,6 +234,19 @@ def test_a_grid_sweep_on_a_local_cluster_lands_in_the_store_and_resumes(client2,
 
 
 @pytest.mark.slow
+def test_a_stopped_sweep_leaves_only_the_runs_it_started(client2, store):
+    handle = Sweep(base(epochs=20_000), seeds=[0, 1, 2, 3], name="halt").submit(store=store, client=client2)
+    wait_for(lambda: len(store.runs(sweep_id="halt")) == 3, JOIN, "two runs started and the next one prepared")
+    assert store.runs(sweep_id="halt", status="created")     # the next run waits, ready, for a free slot
+    handle.stop()
+    assert handle.join(JOIN) and handle.error is None
+    records = store.runs(sweep_id="halt")
+    assert sorted(r.id for r in records) == sorted(r.id for r in handle.runs) and len(records) == 2
+    assert all(r.status == "stopped" for r in records)
+    assert handle.counts() == {"stopped": 2, "queued": 0}
+
+
+@pytest.mark.slow
 def test_a_diverged_run_is_counted_not_averaged(client2, store):
     cfg = ql.ExperimentConfig(data=ql.DataConfig(dataset="synthetic", n_samples=200, n_features=16, n_classes=3),
                               model=ql.ModelConfig(hidden=[16]), quant=ql.QuantConfig(weights="float"),
@@ -344,3 +357,20 @@ def test_config_diff_names_the_dotted_fields_that_differ():
 def test_the_sweep_bench_suite_is_registered():
     from qatlab import benchkit
     assert "sweep" in benchkit.KNOWN_SUITES and benchkit.load_suite("sweep").name == "sweep"
+
+
+def test_bench_slot_overhead_counts_each_worker_up_to_its_last_run():
+    from types import SimpleNamespace
+
+    from qatlab.bench_sweep import slot_overhead
+
+    def task(run_id, worker, start, stop):
+        return {"key": f"qatlab-run-{run_id}", "worker": worker,
+                "startstops": [{"action": "transfer", "start": start - 1, "stop": start},
+                               {"action": "compute", "start": start, "stop": stop}]}
+
+    records = [SimpleNamespace(id=i, final={"seconds": 1.0}) for i in "abc"]
+    tasks = [task("a", "w1", 100.1, 101.2), task("b", "w1", 101.25, 102.3), task("c", "w2", 100.2, 101.25),
+             {"key": "other-task", "worker": "w2", "startstops": [{"action": "compute", "start": 1, "stop": 200}]}]
+    # w1: 102.3 - 100 - 2 s trained = 0.3 s; w2: 101.25 - 100 - 1 s = 0.25 s (its idle end not counted)
+    assert slot_overhead(tasks, records, submitted=100.0) == pytest.approx(0.55 / 3)

@@ -1,10 +1,13 @@
 """Pieces of the Dask task (qatlab.executor.worker) checked without a cluster."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
-from qatlab.executor.worker import WEIGHTS_POINTS, WorkerLost, _check_first_start, pack_weights, unpack_weights
+from qatlab.executor.worker import (WEIGHTS_POINTS, WorkerLost, _check_first_start, _Control, pack_weights,
+                                    unpack_weights)
 
 
 class _Client:
@@ -35,3 +38,45 @@ def test_weights_travel_as_float32_bytes_of_evenly_strided_positions():
     assert len(back["layer1"][0]) <= WEIGHTS_POINTS and stride > 1
     np.testing.assert_array_equal(back["layer1"][0], big[0].ravel()[::stride])               # big: the same positions
     np.testing.assert_array_equal(back["layer1"][1], big[1].ravel()[::stride])
+
+
+class _Variable:
+    def __init__(self, value):
+        self.value, self.reads = value, 0
+
+    def get(self, timeout=None):
+        self.reads += 1
+        return self.value
+
+
+def test_control_reads_the_request_after_the_first_start_check_and_proceed_waits_for_it():
+    import threading
+    order, release = [], threading.Event()
+
+    def first():
+        release.wait(5)
+        order.append("first")
+
+    var = _Variable("stop")
+    control = _Control(var, first)
+    try:
+        time.sleep(0.2)
+        assert var.reads == 0 and order == []       # nothing is read before the check is done
+        release.set()
+        assert control.proceed() is False and order == ["first"] and var.reads >= 1
+    finally:
+        control.close()
+
+
+def test_control_raises_in_proceed_what_the_first_start_check_raised():
+    def first():
+        raise WorkerLost("worker lost: the run started on tcp://a:1, which died; it is not run twice")
+
+    var = _Variable("run")
+    control = _Control(var, first)
+    try:
+        with pytest.raises(WorkerLost, match="tcp://a:1"):
+            control.proceed()
+        assert var.reads == 0
+    finally:
+        control.close()

@@ -2,7 +2,7 @@
 
 ``start()`` checks the config (and its memory estimate where the data is readable here), creates
 the run in the store, subscribes to the run's row topic and submits
-:func:`~qatlab.executor.worker.run_on_worker`. Rows arrive on the client's event loop
+:func:`~qatlab.executor.worker.run_on_worker` (``prepare()`` does all but the submission ahead). Rows arrive on the client's event loop
 (:meth:`RemoteRun._on_event`) into :attr:`RemoteRun.log`, a MetricsLog that live views read with
 ``rows_since(cursor)``; a monitor thread writes them to the store every :data:`FLUSH_SECONDS`,
 beats the store's heartbeat and, once the task ends, stores the result. A worker that dies ends
@@ -111,11 +111,15 @@ class RemoteRun(RunProgress):
         sweep_id, point: the sweep the run belongs to and its point (kept in the store; see qatlab.sweep).
         keep_model: keep the trained model in ``result().model`` once it is stored (else only the
             store holds it: ``store.load_model(run.id)``; a server showing many runs keeps none).
+        weights: the worker publishes weight snapshots (:meth:`weight_snapshot`, the Quantization
+            tab's histograms); a sweep's runs, which no page shows that way, save that traffic.
+        on_task_end: called with no arguments once the run's Dask task has ended, so its worker slot
+            is free (before the result is stored); on the client's event loop, so it must not block.
     """
 
     def __init__(self, config: ExperimentConfig, name: str | None = None, store=None, client=None,
                  keep_alive: bool = False, owner=None, sweep_id: str | None = None, point: dict | None = None,
-                 keep_model: bool = True):
+                 keep_model: bool = True, weights: bool = True, on_task_end=None):
         from ..runs import checked_name
         from ..store import RunStore
         if not isinstance(config, ExperimentConfig):
@@ -126,11 +130,15 @@ class RemoteRun(RunProgress):
             raise TypeError(f"client: expected a distributed.Client or None, got {type(client).__name__}")
         if not isinstance(keep_alive, bool):
             raise TypeError(f"keep_alive: expected a bool, got {type(keep_alive).__name__}")
+        if on_task_end is not None and not callable(on_task_end):
+            raise TypeError(f"on_task_end: expected a callable or None, got {type(on_task_end).__name__}")
         config.validate()
         self.config = config.copy()
         self.name = None if name is None else checked_name(name)
         self.keep_alive, self.owner, self.keep_model = keep_alive, owner, bool(keep_model)
+        self.weights = bool(weights)
         self.sweep_id, self.point = sweep_id, point
+        self._on_task_end = on_task_end
         self.id: str | None = None          # the store's run id, from start()
         self.log = MetricsLog()
         self.log.meta["config"] = self.config.to_dict()    # (as LocalRun's; the worker adds sizes, total_steps)
@@ -149,6 +157,8 @@ class RemoteRun(RunProgress):
         self._pending: list[dict] = []      # rows received, not yet in the store
         self._received = 0                  # rows received in order
         self._early: dict[int, dict] = {}   # batches ahead of a missing one, by first row
+        self._ready = False                 # prepare() done: start() only submits
+        self._start_claimed = self._submitting = self._stop_when_submitted = False
         self._on_worker = False
         self._status_changed = False
         self._weights, self._weights_packed, self._weights_read = None, None, -float("inf")
@@ -156,13 +166,14 @@ class RemoteRun(RunProgress):
 
     # ------------------------------------------------------------------ control
 
-    def start(self) -> "RemoteRun":
-        """Submit the run; returns self. ValueError (nothing created) when the config or its memory
-        estimate is refused; RuntimeError when already started. A run stopped before it started
-        stays stopped."""
+    def prepare(self) -> "RemoteRun":
+        """All that :meth:`start` does before it submits: check the config and its memory estimate
+        (ValueError, nothing created), create the run in the store (status ``created``) and open its
+        control and row topic. A sweep readies its next run so while every worker slot is busy;
+        start() then only submits. RuntimeError when already prepared or started."""
         with self._lock:
-            if self._future is not None or self.id is not None:
-                raise RuntimeError(f"{self.id}: already started")
+            if self.id is not None:
+                raise RuntimeError(f"{self.id}: already prepared or started")
             if self.status in DONE:
                 return self
             self.id = "starting"
@@ -180,36 +191,79 @@ class RemoteRun(RunProgress):
         with self._lock:
             self.id = run_id
             self.name = self.name or run_id[:8]
-            if self.status in DONE:         # stop() came while starting: never submitted
-                self._store.set_status(run_id, self.status, self.message)
+            stopped = self.status in DONE
+        if not stopped:
+            self._control = Variable(control_name(run_id), client=client)
+            self._control.set("run")
+            client.subscribe_topic(topic(run_id), self._on_event)
+            self._task_args = (self.config.to_dict(), run_id, self.weights)
+            with self._lock:
+                self._ready = True
+                stopped = self.status in DONE
+        if stopped:                         # stop() came while preparing: never submitted
+            self._unprepare()
+        return self
+
+    def start(self) -> "RemoteRun":
+        """Submit the run (preparing it first unless :meth:`prepare` did); returns self. ValueError
+        (nothing created) when the config or its memory estimate is refused; RuntimeError when
+        already started. A run stopped before it started stays stopped."""
+        with self._lock:
+            if self._start_claimed:
+                raise RuntimeError(f"{self.id}: already started")
+            self._start_claimed = True
+            ready = self._ready
+        if not ready:
+            try:
+                self.prepare()
+            except BaseException:
+                self._start_claimed = False
+                raise
+        with self._lock:
+            if self.status in DONE or not self._ready:
                 return self
-        self._control = Variable(control_name(run_id), client=client)
-        self._control.set("run")
-        client.subscribe_topic(topic(run_id), self._on_event)
-        self.started_at = time.time()
-        self._future = client.submit(run_on_worker, self.config.to_dict(), run_id, key=f"qatlab-run-{run_id}",
+            self._submitting = True
+            self.started_at = time.time()
+        run_id = self.id
+        future = self._client.submit(run_on_worker, *self._task_args, key=f"qatlab-run-{run_id}",
                                      pure=False, retries=0)
-        self._future.add_done_callback(lambda _: self._wake.set())
+        with self._lock:
+            self._future, self._submitting = future, False
+            stop_now = self._stop_when_submitted
+        future.add_done_callback(self._task_ended)
         _active.add(self)
         threading.Thread(target=self._monitor, name=f"qatlab-remote-{run_id[:8]}", daemon=True).start()
+        if stop_now:
+            self.stop()
         return self
 
     def stop(self) -> None:
         """Ask the worker to stop after the current step (status ``stopped``); a run still queued is
-        cancelled, one never started is ``stopped`` at once."""
+        cancelled, one never submitted is ``stopped`` at once."""
         with self._lock:
             if self.status in DONE:
                 return
-            if self._future is None:
+            if self._submitting:              # start() is submitting it: stopped right after
+                self._stop_when_submitted = True
+                return
+            never_submitted, prepared, queued = self._future is None, self._ready, not self._on_worker
+            if never_submitted:
                 self.status, self.message = "stopped", "stopped before it started"
                 self.finished_at = time.time()
                 self._ended.set()
-                return
-            queued = not self._on_worker
-        if queued:          # one round trip; a worker that has just started it sees the task cancelled
+        if never_submitted:
+            if prepared:
+                self._unprepare()
+        elif queued:        # one round trip; a worker that has just started it sees the task cancelled
             self._future.cancel()
         else:
             self._control.set("stop")
+
+    def _unprepare(self) -> None:
+        """A prepared run stopped before it was submitted: its stored status, no topic or control."""
+        self._store.set_status(self.id, self.status, self.message)
+        if self._ready:
+            self._forget(self._client, self.id, task=False)
 
     def pause(self) -> None:
         """Hold the run between steps (a queued run waits at its first step)."""
@@ -238,6 +292,12 @@ class RemoteRun(RunProgress):
         return self._ended.wait(timeout)
 
     # ------------------------------------------------------------------ what arrived
+
+    @property
+    def task_ended(self) -> bool:
+        """Whether the run no longer holds a worker slot (its task ended; the result may still be
+        on its way to the store), or it never got one."""
+        return self._future.done() if self._future is not None else True
 
     @property
     def done(self) -> bool:
@@ -297,6 +357,11 @@ class RemoteRun(RunProgress):
         return f"RemoteRun({self.id!r}, status={self.status!r}, steps={self.steps_done}/{self.total_steps})"
 
     # ------------------------------------------------------------------ client side plumbing
+
+    def _task_ended(self, _future) -> None:
+        self._wake.set()
+        if self._on_task_end is not None:
+            self._on_task_end()
 
     def _on_event(self, event) -> None:
         """A message from the worker (on the client's event loop: no I/O here)."""
@@ -433,7 +498,9 @@ class RemoteRun(RunProgress):
     def _cleanup(self) -> None:
         """Forget the run on the scheduler: topic, its stored events, Variables, the task's result."""
         _active.discard(self)
-        client, run_id = self._client, self.id
+        self._forget(self._client, self.id, task=True)
+
+    def _forget(self, client, run_id: str, task: bool) -> None:
         if client.status != "running":     # a closed client's calls can wait for a reconnect forever
             return
         from distributed import Variable
@@ -442,7 +509,7 @@ class RemoteRun(RunProgress):
                      self._control.delete,
                      *([lambda: Variable(weights_name(run_id), client=client).delete()]
                        if self._weights_published or self._weights_packed else []),
-                     self._future.release):
+                     *([self._future.release] if task else [])):
             try:
                 step()
             except Exception:       # a closed client or scheduler: nothing left to forget

@@ -112,12 +112,17 @@ class _Sender:
 class _Control:
     """The client's latest request for the run, polled from its Variable on a daemon thread;
     ``"stop"`` too once ``abandoned()`` says the task was released (its client is gone), so a
-    paused or long run never holds the worker for nobody."""
+    paused or long run never holds the worker for nobody.
 
-    def __init__(self, variable, abandoned=lambda: False):
-        self.variable, self.abandoned = variable, abandoned
-        self.state = self._read(timeout=30)
-        self._closed = threading.Event()
+    The thread first calls ``first()`` (the run's first-start check and its "start" event) and
+    reads the request once, while the worker builds the model; :meth:`proceed` waits for that and
+    raises what ``first()`` raised."""
+
+    def __init__(self, variable, first=lambda: None, abandoned=lambda: False):
+        self.variable, self.first, self.abandoned = variable, first, abandoned
+        self.state = "run"
+        self.error: BaseException | None = None
+        self._ready, self._closed = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._poll, name="qatlab-control", daemon=True)
         self._thread.start()
 
@@ -126,6 +131,14 @@ class _Control:
         return state if state in CONTROL_STATES else "run"
 
     def _poll(self) -> None:
+        try:
+            self.first()
+            self.state = self._read(timeout=30)
+        except BaseException as exc:        # (proceed() raises it in the task's thread)
+            self.error = exc
+            return
+        finally:
+            self._ready.set()
         while not self._closed.wait(POLL_SECONDS):
             if self.abandoned():
                 self.state = "stop"
@@ -137,6 +150,9 @@ class _Control:
 
     def proceed(self) -> bool:
         """Blocks while paused; False once a stop was requested."""
+        self._ready.wait()
+        if self.error is not None:
+            raise self.error
         while self.state == "pause" and not self._closed.is_set():
             time.sleep(POLL_SECONDS / 2)
         return self.state != "stop"
@@ -164,8 +180,9 @@ def _check_first_start(client, run_id: str) -> None:
             raise WorkerLost(f"worker lost: the run started on {msg.get('worker')}, which died; it is not run twice")
 
 
-def run_on_worker(config: dict, run_id: str) -> dict:
-    """Train ``config`` (an ExperimentConfig dict) as run ``run_id``; returns its end:
+def run_on_worker(config: dict, run_id: str, weights: bool = True) -> dict:
+    """Train ``config`` (an ExperimentConfig dict) as run ``run_id``, publishing weight snapshots
+    with ``weights``; returns its end:
     ``{"status", "message", "final", "rows" (rows sent), "model", "meta", "worker", "weights" (the
     last weights published, :func:`pack_weights`, or None)}``."""
     from distributed import Variable, get_client, get_worker
@@ -173,37 +190,44 @@ def run_on_worker(config: dict, run_id: str) -> dict:
     from ..config import ExperimentConfig
     from ..train.experiment import train_experiment
     worker, client = get_worker(), get_client()
-    cfg = ExperimentConfig.from_dict(config)
-    cfg.validate()
-    _check_first_start(client, run_id)
-    check_data_here(cfg.data, worker.address)
     log, sender = _RowLog(), _Sender(worker, topic(run_id))
-    weights, last_weights = Variable(weights_name(run_id), client=client), [-math.inf, None]   # (when, packed)
-    sender.event({"kind": "start", "worker": worker.address, "pid": os.getpid(), "host": socket.gethostname()})
     key = worker.get_current_task()
+
+    def first() -> None:           # (on the control thread, while this one builds the run)
+        _check_first_start(client, run_id)
+        sender.event({"kind": "start", "worker": worker.address, "pid": os.getpid(), "host": socket.gethostname()})
 
     def abandoned() -> bool:       # the scheduler released the task: its client closed or died
         task = worker.state.tasks.get(key)
         return task is None or task.state == "cancelled"
 
-    control = _Control(Variable(control_name(run_id), client=client), abandoned)
+    control = _Control(Variable(control_name(run_id), client=client), first, abandoned)
+    try:
+        cfg = ExperimentConfig.from_dict(config)
+        cfg.validate()
+        check_data_here(cfg.data, worker.address)
+    except BaseException:
+        control.close()
+        raise
+    weights_var, last_weights = Variable(weights_name(run_id), client=client), [-math.inf, None]   # (when, packed)
 
     def report(done: int, total: int) -> bool:
+        go_on = control.proceed()          # (after the "start" event: rows follow it)
         sender.done, sender.total = done, total
         sender.send(log)
-        return control.proceed()
+        return go_on
 
     def publish_weights(snapshot: dict) -> None:
         now = time.monotonic()
         if now - last_weights[0] >= WEIGHTS_SECONDS:
-            first = last_weights[1] is None
+            announce = last_weights[1] is None
             last_weights[:] = now, pack_weights(snapshot)
-            weights.set(last_weights[1])
-            if first:               # the client reads the Variable only once it exists
+            weights_var.set(last_weights[1])
+            if announce:            # the client reads the Variable only once it exists
                 sender.event({"kind": "weights"})
 
     try:
-        result = train_experiment(cfg, log, report=report, publish_weights=publish_weights)
+        result = train_experiment(cfg, log, report=report, publish_weights=publish_weights if weights else None)
     finally:
         control.close()
         sender.send(log, force=True)      # the last rows (also those before an exception)

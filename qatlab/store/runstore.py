@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import json
 import math
 import os
@@ -60,7 +61,6 @@ class RunRecord:
     name: str
     notes: str
     status: str
-    config: object
     created: _dt.datetime
     started: _dt.datetime | None
     ended: _dt.datetime | None
@@ -79,17 +79,21 @@ class RunRecord:
     def _from_row(cls, row) -> "RunRecord":
         (rid, name, notes, status, config, created, started, ended, message, host, pid, start, page, worker,
          sweep_id, point, prov, final, heartbeat, n_rows) = row
-        from ..config import ExperimentConfig
-        config_dict = json.loads(config)
-        try:
-            cfg = ExperimentConfig.from_dict(config_dict)
-        except (ValueError, TypeError):
-            cfg = None
-        return cls(id=rid, name=name, notes=notes, status=status, config=cfg, created=_utc(created),
+        return cls(id=rid, name=name, notes=notes, status=status, created=_utc(created),
                    started=_utc(started), ended=_utc(ended), message=message,
                    owner={"host": host, "pid": pid, "start": start, "page": page}, worker=worker,
                    sweep_id=sweep_id, point=json.loads(point) if point else None, final=json.loads(final),
-                   provenance=json.loads(prov), heartbeat=_utc(heartbeat), n_rows=n_rows, config_dict=config_dict)
+                   provenance=json.loads(prov), heartbeat=_utc(heartbeat), n_rows=n_rows, config_dict=json.loads(config))
+
+    @functools.cached_property
+    def config(self):
+        """The run's ExperimentConfig, read from ``config_dict`` on first use (a listing of many
+        runs parses none)."""
+        from ..config import ExperimentConfig
+        try:
+            return ExperimentConfig.from_dict(self.config_dict)
+        except (ValueError, TypeError):
+            return None
 
 
 def _config_dict(config) -> dict:
@@ -243,6 +247,13 @@ class RunStore:
             raise KeyError(f"run_id: no run {run_id!r} in this store")
         return RunRecord._from_row(row)
 
+    def _config_dict_of(self, run_id: str) -> dict:
+        with self._read() as conn:
+            row = conn.execute("SELECT config FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"run_id: no run {run_id!r} in this store")
+        return json.loads(row[0])
+
     def runs(self, status=None, sweep_id: str | None = None) -> list[RunRecord]:
         """Stored runs, oldest first; ``status``: one status or a list of them."""
         where, args = [], []
@@ -350,7 +361,7 @@ class RunStore:
         final = dict(result.final or {})
         blob = None
         if artifacts.storable(result.model):       # (other model kinds have no store format yet)
-            blob = artifacts.model_to_npz(result.model, self.get(run_id).config_dict)
+            blob = artifacts.model_to_npz(result.model, self._config_dict_of(run_id))
         with self._write() as conn:
             cur = conn.execute("UPDATE runs SET status = ?, message = ?, final = ?, ended = ?, heartbeat = ? "
                                "WHERE id = ?", (status, str(result.message or ""), _json(final), time.time(),

@@ -25,7 +25,7 @@ from .result import SweepResult
 
 log = logging.getLogger(__name__)
 
-TICK_SECONDS = 0.02      # the dispatcher's longest sleep (an ended run is replaced within it)
+TICK_SECONDS = 0.1       # the dispatcher's longest sleep (a run whose task ends wakes it at once)
 JUDGE_SECONDS = 0.25     # how often running runs are judged by the early-stopping rule
 
 
@@ -165,6 +165,7 @@ class SweepHandle:
         self._to_prune: dict = {}                 # RemoteRun -> step
         self._curves: dict = {}                   # run id -> (rows seen, Curve)
         self._stop = threading.Event()
+        self._slot_freed = threading.Event()      # a run's task ended: the dispatcher starts the next
         self._ended = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._main, name=f"qatlab-sweep-{sweep.name[:20]}", daemon=True)
@@ -175,6 +176,7 @@ class SweepHandle:
     def stop(self) -> None:
         """Start no more runs and stop the running ones (they end ``stopped``)."""
         self._stop.set()
+        self._slot_freed.set()
         with self._lock:
             active = list(self._active)
         for run in active:
@@ -217,41 +219,54 @@ class SweepHandle:
     # ------------------------------------------------------------------ the dispatcher
 
     def _main(self) -> None:
-        from ..executor import RemoteRun
         queue = list(self.todo)
+        ready = None             # the next run, prepared while every slot is busy (start() only submits)
         last_judge = 0.0
         try:
             while True:
-                self._reap()
-                while queue and self._busy() < self.cap and not self._stop.is_set():
-                    p = queue.pop(0)
-                    run = RemoteRun(p.config, name=p.label(), store=self.store, client=self.client,
-                                    owner=self.owner, sweep_id=self.sweep.name, point=p.point)
+                while (ready or queue) and self._busy() < self.cap and not self._stop.is_set():
+                    run, ready = ready or self._new_run(queue.pop(0)), None
                     with self._lock:
                         self.runs.append(run)
                         self._active.append(run)
                     run.start()
-                if not self._active and (not queue or self._stop.is_set()):
+                self._reap()
+                if ready is None and queue and not self._stop.is_set():
+                    ready = self._new_run(queue.pop(0)).prepare()
+                if self._stop.is_set() and ready is not None:    # never submitted: leaves no trace
+                    ready.stop()
+                    self.store.delete(ready.id)
+                    ready = None
+                if not self._active and (not (queue or ready) or self._stop.is_set()):
                     break
                 now = time.monotonic()
                 if self.sweep.early_stopping is not None and now - last_judge >= JUDGE_SECONDS:
                     self._judge()
                     last_judge = now
-                time.sleep(TICK_SECONDS)
+                self._slot_freed.wait(TICK_SECONDS)
+                self._slot_freed.clear()
         except BaseException as exc:         # the store or the client failed: stop what runs, keep the error
             log.exception("qatlab: sweep %s stopped by an error", self.sweep.name)
             self.error = exc
             self.stop()
+            if ready is not None:
+                ready.stop()
             for run in list(self._active):
                 run.join(30)
             self._reap()
         finally:
             self._ended.set()
 
+    def _new_run(self, point):
+        from ..executor import RemoteRun
+        return RemoteRun(point.config, name=point.label(), store=self.store, client=self.client, owner=self.owner,
+                         sweep_id=self.sweep.name, point=point.point, weights=False,
+                         on_task_end=self._slot_freed.set)
+
     def _busy(self) -> int:
         """Runs holding a worker slot: a run whose task has ended frees its slot while its result is
         still being fetched and stored, so the next run starts that much sooner."""
-        return sum(not _task_ended(run) for run in self._active)
+        return sum(not run.task_ended for run in self._active)
 
     def _reap(self) -> None:
         """Forget ended runs (``runs`` keeps an :class:`EndedRun` in their place); a run stopped by
@@ -294,11 +309,6 @@ class SweepHandle:
             if step is not None:
                 self._to_prune[run] = step
                 run.stop()
-
-
-def _task_ended(run) -> bool:
-    future = getattr(run, "_future", None)      # (RemoteRun's Dask future: done once the worker is free)
-    return run.join(0) or (future is not None and future.done())
 
 
 class _Progress:
