@@ -33,8 +33,9 @@ the workers; its rendering load is part of what is measured.
       them: the server's RSS must stay flat (no finished run's model or log held).
 (b) Sessions: ``sessions`` pages (8; --quick: 4) open at once, each types a small epoch count and
     presses ``Compare STE kinds``; each page times its click until its tabs switch to the STE
-    comparison (the server has started its runs). A probe thread GETs a small static file from
-    the server every 0.25 s meanwhile. Every page must show ``Status: finished``; after the pages
+    comparison (the server has taken the click: the page holds its four runs, whose store records
+    and Dask tasks are made on a thread, their curves following once they exist). A probe thread
+    GETs a small static file from the server every 0.25 s meanwhile. Every page must show ``Status: finished``; after the pages
     close (the server runs with ``--check-unused-sessions 1000 --unused-session-lifetime 20000``),
     no run may be active, no run thread (:data:`RUN_THREADS`) alive, and every session's
     Dashboard closed and not streaming. Then a page starts a long comparison and is closed
@@ -84,7 +85,7 @@ STEPS_PER_EPOCH = 23        # digits: 1437 training samples / batch 64, rounded 
 DONE = ("finished", "stopped", "diverged", "failed")
 INSPECT_ENV = "QATLAB_INSPECT_PORT"
 #: Threads of the server that exist while a run is active there: a RemoteRun's monitor, a closed page's reaper.
-RUN_THREADS = ("qatlab-remote-", "qatlab-reaper-")
+RUN_THREADS = ("qatlab-remote-", "qatlab-reaper-", "qatlab-start-")
 
 # A closed page's session is destroyed (and its runs stopped) once it has been unused this long.
 # Shorter than the time a page takes to connect its websocket is wrong: Bokeh then discards the

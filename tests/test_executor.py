@@ -290,7 +290,7 @@ def test_stop_of_a_queued_run_cancels_it(client2, store):
 @pytest.mark.slow
 def test_prepare_creates_the_run_and_start_only_submits_it(client2, store):
     run = RemoteRun(config(epochs=2), name="ready", store=store, client=client2, weights=False)
-    assert run.prepare() is run and run.status == "created" and run.task_ended
+    assert run.prepare() is run and run.status == "created" and run.task_ended and not run.join(0)
     assert store.get(run.id).status == "created"
     with pytest.raises(RuntimeError, match="already prepared"):
         run.prepare()
@@ -321,6 +321,36 @@ def test_a_prepared_run_stopped_before_start_is_stored_stopped_and_forgotten(cli
 
     wait_for(control_gone, 30, "the control Variable to be deleted")
     assert run.start() is run and run.status == "stopped" and run.worker is None
+
+
+@pytest.mark.slow
+def test_the_scheduler_lets_go_of_the_rows_the_client_has(client2, store):
+    from qatlab.executor.remote import DROP_ROWS
+    cfg = config(epochs=5000, hidden=(16,))
+    cfg.metrics_every = 1
+    run = RemoteRun(cfg, store=store, client=client2).start()
+    try:
+        wait_for(lambda: len(run.log) > 3 * DROP_ROWS, JOIN, "rows")
+        held = [m for _, m in client2.get_events(topic(run.id))]
+        held_rows = sum(len(m["rows"]) for m in held if m.get("kind") == "rows")
+        assert held_rows < 2 * DROP_ROWS < len(run.log)
+        assert [m["kind"] for m in held if m.get("kind") == "start"] == ["start"]
+    finally:
+        _stop_all([run])
+    assert len(store.history(run.id)["step"]) == len(run.log)
+
+
+@pytest.mark.slow
+def test_an_ended_run_is_freed_once_nothing_holds_it(client2, store):
+    """Dask's client keeps every topic handler it was given (unsubscribe_topic does not drop it):
+    the run's must not keep the run, its rows and its model alive in a long-lived server."""
+    import gc
+    import weakref
+    run = RemoteRun(config(epochs=2), store=store, client=client2).start()
+    assert run.join(JOIN) and run.status == "finished"
+    ref = weakref.ref(run)
+    del run
+    wait_for(lambda: gc.collect() >= 0 and ref() is None, 30, "the ended run to be freed")
 
 
 @pytest.mark.slow

@@ -6,8 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from qatlab.executor.worker import (WEIGHTS_POINTS, WorkerLost, _check_first_start, _Control, pack_weights,
-                                    unpack_weights)
+from qatlab.executor.worker import (WEIGHTS_POINTS, WorkerLost, _check_first_start, _Control, drop_received_rows,
+                                    pack_weights, unpack_weights)
 
 
 class _Client:
@@ -80,3 +80,19 @@ def test_control_raises_in_proceed_what_the_first_start_check_raised():
         assert var.reads == 0
     finally:
         control.close()
+
+
+def test_received_row_batches_are_dropped_from_the_scheduler_and_other_events_kept():
+    from collections import deque
+    from types import SimpleNamespace
+
+    def rows(seq, n):
+        return (0.0, {"kind": "rows", "seq": seq, "rows": [{"step": seq + i} for i in range(n)]})
+
+    events = deque([(0.0, {"kind": "start", "worker": "tcp://a:1"}), rows(0, 3), rows(3, 3),
+                    (0.0, {"kind": "weights"}), rows(6, 3)])
+    scheduler = SimpleNamespace(_broker=SimpleNamespace(_topics={"t": SimpleNamespace(events=events)}))
+    drop_received_rows(scheduler, "t", received=5)          # the batch of rows 3-5 is not all received
+    assert [(m["kind"], m.get("seq")) for _, m in events] == [("start", None), ("rows", 3), ("weights", None),
+                                                              ("rows", 6)]
+    drop_received_rows(scheduler, "absent", received=5)     # an unknown topic: nothing to do

@@ -25,8 +25,8 @@ from ..config import ExperimentConfig
 from ..metrics import MetricsLog
 from ..progress import RunProgress
 from . import cluster
-from .worker import (WEIGHTS_SECONDS, WorkerLost, control_name, forget_topic, run_on_worker, topic,
-                     unpack_weights, weights_name)
+from .worker import (WEIGHTS_SECONDS, WorkerLost, control_name, drop_received_rows, forget_topic, run_on_worker,
+                     topic, unpack_weights, weights_name)
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ FLUSH_SECONDS = 0.5        # rows reach the store at least this often
 HEARTBEAT_SECONDS = 10.0   # the store's heartbeat of a live run
 WAKE_SECONDS = 0.1         # the monitor thread's longest sleep
 ROWS_WAIT_SECONDS = 5.0    # after the result, how long rows still on their way are awaited
+DROP_ROWS = 2000           # rows received between two drops of their batches from the scheduler
 SHUTDOWN_JOIN_SECONDS = 5.0
 
 _active: "weakref.WeakSet[RemoteRun]" = weakref.WeakSet()
@@ -195,7 +196,7 @@ class RemoteRun(RunProgress):
         if not stopped:
             self._control = Variable(control_name(run_id), client=client)
             self._control.set("run")
-            client.subscribe_topic(topic(run_id), self._on_event)
+            client.subscribe_topic(topic(run_id), _EventsTo(self))
             self._task_args = (self.config.to_dict(), run_id, self.weights)
             with self._lock:
                 self._ready = True
@@ -286,8 +287,9 @@ class RemoteRun(RunProgress):
         self._wake.set()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait until the run has ended and its result is stored; True if it has (or never started)."""
-        if self._future is None and self.status not in DONE:
+        """Wait until the run has ended and its result is stored; True if it has, or if it was never
+        started nor prepared (a prepared run waits for its start, or a stop)."""
+        if self.id is None and self.status not in DONE:
             return True
         return self._ended.wait(timeout)
 
@@ -414,6 +416,7 @@ class RemoteRun(RunProgress):
 
     def _monitor(self) -> None:
         last_flush = last_beat = time.monotonic()
+        dropped = 0                         # rows whose batches the scheduler no longer holds
         try:
             while not self._future.done():
                 self._wake.wait(WAKE_SECONDS)
@@ -423,6 +426,9 @@ class RemoteRun(RunProgress):
                 if now - last_flush >= FLUSH_SECONDS:
                     self._flush()
                     last_flush = now
+                if self._received - dropped >= DROP_ROWS:
+                    dropped = self._received
+                    self._drop_received(dropped)
                 if now - last_beat >= HEARTBEAT_SECONDS:
                     self._store.heartbeat(self.id)
                     last_beat = now
@@ -436,6 +442,12 @@ class RemoteRun(RunProgress):
             self._cleanup()
             self.finished_at = self.finished_at or time.time()
             self._ended.set()
+
+    def _drop_received(self, received: int) -> None:
+        try:
+            self._client.run_on_scheduler(drop_received_rows, name=topic(self.id), received=received)
+        except Exception:           # the scheduler is busy or gone: they are dropped at the end
+            log.debug("qatlab: run %s: could not drop its received rows from the scheduler", self.id)
 
     def _finish(self) -> None:
         """The task ended: the status is known at once (the run has stopped training); then the rows
@@ -514,6 +526,22 @@ class RemoteRun(RunProgress):
                 step()
             except Exception:       # a closed client or scheduler: nothing left to forget
                 pass
+
+
+class _EventsTo:
+    """A run topic's handler that forwards events to the run while it exists: the Dask client keeps
+    every handler it was given, even after ``unsubscribe_topic``, so it must not keep the run (its
+    rows, model and Dask future) alive."""
+
+    __slots__ = ("run",)
+
+    def __init__(self, run: RemoteRun):
+        self.run = weakref.ref(run)
+
+    def __call__(self, event) -> None:
+        run = self.run()
+        if run is not None:
+            run._on_event(event)
 
 
 def _stop_active() -> None:

@@ -235,6 +235,24 @@ def run_on_worker(config: dict, run_id: str, weights: bool = True) -> dict:
             "model": result.model, "meta": log.meta, "worker": worker.address, "weights": last_weights[1]}
 
 
+def drop_received_rows(dask_scheduler, name: str, received: int) -> None:
+    """Drop from the scheduler's memory the row batches of topic ``name`` that hold only rows below
+    ``received`` (the client has them), keeping the other events: the first-start check reads the
+    "start" one. Dask keeps up to 1000 events per topic, so a run logging every step would
+    otherwise hold all its rows there (run with ``Client.run_on_scheduler``; private, as in
+    :func:`forget_topic`)."""
+    held = dask_scheduler._broker._topics.get(name)
+    if held is None:
+        return
+    kept = [event for event in held.events if not _rows_below(event[1], received)]
+    held.events.clear()
+    held.events.extend(kept)
+
+
+def _rows_below(msg, received: int) -> bool:
+    return isinstance(msg, dict) and msg.get("kind") == "rows" and msg["seq"] + len(msg["rows"]) <= received
+
+
 def forget_topic(dask_scheduler, name: str) -> None:
     """Drop a finished run's events, and its topic once nobody subscribes, from the scheduler's memory
     (run with ``Client.run_on_scheduler``; Dask has no public call for it, so the client treats a

@@ -32,12 +32,13 @@ import weakref
 
 import panel as pn
 import param
+from panel.io.state import set_curdoc
 
 from ..config import SteKind
 from ..executor import cluster
 from ..executor.remote import RemoteRun, active_runs, default_store
 from . import internals
-from .base import PERIOD_MS, PageWatch, PlotOptions, periodic_callback, streaming_tick
+from .base import PERIOD_MS, PageWatch, PlotOptions, in_server_session, periodic_callback, streaming_tick
 from .config_panel import ConfigPanel
 from .phase_view import PhaseView
 from .quant_view import QuantView
@@ -56,6 +57,23 @@ _groups = itertools.count(1)
 
 #: Live dashboards of this process (weak): lets tests and benchmarks find a session's dashboard.
 DASHBOARDS: "weakref.WeakSet[Dashboard]" = weakref.WeakSet()
+
+
+def on_next_tick(doc, fn, *args) -> None:
+    """``fn(*args)`` on ``doc``'s next tick (with ``doc`` as Panel's current document), or now
+    when ``doc`` is None; nothing if the session is gone."""
+    if doc is None:
+        fn(*args)
+        return
+
+    def call():
+        with set_curdoc(doc):
+            fn(*args)
+
+    try:
+        doc.add_next_tick_callback(call)
+    except Exception:           # the session was destroyed meanwhile: nobody to show it to
+        log.debug("qatlab: session gone before its runs were shown")
 
 
 def _join_and_release(runs: list, timeout: float) -> None:
@@ -140,35 +158,62 @@ class Dashboard(pn.viewable.Viewer):
         return self._client
 
     # ------------------------------------------------------------ actions
-    def _start(self, configs: dict) -> dict | None:
-        """Start one RemoteRun per ``{key: (config, name)}``; on a refusal (config, memory, no
-        cluster) stop those already started, show why and return None."""
-        runs = {}
+    def _start(self, configs: dict, show) -> dict | None:
+        """Start one RemoteRun per ``{key: (config, name)}``, then ``show(runs)`` once they have ids.
+        In a server session the starting (store and Dask calls) runs on a thread and ``show`` on the
+        session's next tick, so the click is answered at once; elsewhere both happen now. The runs
+        are this page's from the start (a close or Stop reaches them); when one is refused
+        (config, memory, no cluster) the others stop, the page says why and (here) None is returned."""
         try:
-            for key, (cfg, name) in configs.items():
-                runs[key] = RemoteRun(cfg, name=name, owner=self.owner, keep_alive=self.config_panel.keep_alive.value,
-                                      store=self.store, client=self.client, keep_model=False).start()
-        except (ValueError, TypeError, OSError, TimeoutError) as exc:
-            for run in runs.values():
-                run.stop()
+            runs = {key: RemoteRun(cfg, name=name, owner=self.owner, keep_alive=self.config_panel.keep_alive.value,
+                                   store=self.store, client=self._client, keep_model=False)
+                    for key, (cfg, name) in configs.items()}
+        except (ValueError, TypeError) as exc:
             self.config_panel.notify_error(str(exc))
             return None
         self._started = [r for r in self._started if not r.done] + list(runs.values())
         self.status.runs = list(runs.values())
+        doc = pn.state.curdoc if in_server_session() else None
+        if doc is None:
+            return runs if self._submit(runs, show, None) else None
+        threading.Thread(target=self._submit, args=(runs, show, doc), name=f"qatlab-start-{self.owner[:8]}",
+                         daemon=True).start()
         return runs
 
+    def _submit(self, runs: dict, show, doc) -> bool:
+        """Start ``runs``, then ``show(runs)``; if one is refused, stop them all and say why (on
+        ``doc``'s next tick when given)."""
+        try:
+            for run in runs.values():
+                run.start()
+        except Exception as exc:
+            if not isinstance(exc, (ValueError, TypeError, OSError, TimeoutError)):
+                log.exception("qatlab: starting runs failed")
+            for run in runs.values():
+                run.stop()
+            on_next_tick(doc, self.config_panel.notify_error, str(exc))
+            return False
+        on_next_tick(doc, self._show_started, runs, show)
+        return True
+
+    def _show_started(self, runs: dict, show) -> None:
+        if not self.closed and all(run.id is not None for run in runs.values()):   # (not stopped before it started)
+            show(runs)
+            self.refresh(force=True)
+
     def start_run(self) -> RemoteRun | None:
-        """``Start``: validate the sidebar config and start one run (None if it is refused)."""
+        """``Start``: validate the sidebar config and start one run (None if it is refused; in a
+        server session it starts in the background, :meth:`_start`)."""
         cfg = self.config_panel.validated()
-        runs = None if cfg is None else self._start({"run": (cfg, None)})
-        if runs is None:
-            return None
+        runs = None if cfg is None else self._start({"run": (cfg, None)}, self._show_run)
+        return None if runs is None else runs["run"]
+
+    def _show_run(self, runs: dict) -> None:
         self.current = runs["run"]          # the current tab stays
-        self.refresh(force=True)
-        return runs["run"]
 
     def compare_ste(self) -> dict | None:
-        """``Compare STE kinds``: train the sidebar config once per SteKind, together."""
+        """``Compare STE kinds``: train the sidebar config once per SteKind, together; the STE
+        comparison tab opens at once (in a server session its curves follow once the runs have ids)."""
         cfg = self.config_panel.validated()
         if cfg is None:
             return None
@@ -176,13 +221,13 @@ class Dashboard(pn.viewable.Viewer):
         for kind in SteKind:
             configs[kind] = (cfg.copy(), f"{group} {kind.value}")
             configs[kind][0].quant.ste = kind.value
-        runs = self._start(configs)
-        if runs is None:
-            return None
-        self.tabs.active = 1
-        self.comparison = runs
-        self.refresh(force=True)
+        runs = self._start(configs, self._show_comparison)
+        if runs is not None:
+            self.tabs.active = 1
         return runs
+
+    def _show_comparison(self, runs: dict) -> None:
+        self.comparison = runs
 
     def stop(self) -> None:
         """``Stop``: stop the session's latest run or comparison."""

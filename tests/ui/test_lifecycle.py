@@ -23,6 +23,7 @@ from bokeh.client import pull_session  # noqa: E402
 from panel.io.state import set_curdoc  # noqa: E402
 from qatlab.executor.remote import RemoteRun  # noqa: E402
 from qatlab.store import RunStore  # noqa: E402
+from qatlab.bench_dashboard import RUN_THREADS  # noqa: E402
 from qatlab.ui import Dashboard, RunsTable, template_kwargs  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore:The inplace keyword"), pytest.mark.slow]   # every test trains
@@ -153,7 +154,7 @@ def test_six_pages_churned_then_closed_stop_all_their_runs(server):
     the two workers) open at once, then close: every run ends within a second (queued ones are
     cancelled), the run monitor threads are gone within a few seconds, and the models are dropped."""
     def monitors():
-        return [t.name for t in threading.enumerate() if t.name.startswith(("qatlab-remote-", "qatlab-reaper-"))]
+        return [t.name for t in threading.enumerate() if t.name.startswith(RUN_THREADS)]
 
     assert _wait(lambda: not monitors(), 30), monitors()
     pages = [_open(server, what) for what in ["run", "compare"] * 3]
@@ -172,6 +173,52 @@ def test_six_pages_churned_then_closed_stop_all_their_runs(server):
     assert all(r.status == "stopped" for r in runs)
     assert _wait(lambda: all(_released(r) for r in runs), 10)
     assert server["errors"] == []
+
+
+def test_a_pressed_comparison_answers_at_once_and_shows_its_runs_once_started(server):
+    """In a session, Compare opens its tab and hands the page its four runs in the click; their
+    store records and Dask tasks are made on a thread, and the tab shows them once they have ids."""
+    session, dash = _open(server, "compare")
+    try:
+        assert _wait(lambda: len(dash.owned_runs()) == 4, 30)
+        assert dash.tabs.active == 1 and dash.status.runs == dash.owned_runs()
+        assert _wait(lambda: len(dash.comparison) == 4, 60), [r.status for r in dash.owned_runs()]
+        assert list(dash.comparison.values()) == dash.owned_runs() and all(r.id for r in dash.owned_runs())
+        assert {dash.store.get(r.id).status for r in dash.owned_runs()} <= {"created", "running"}
+        assert dash.ste.runs == dash.comparison
+    finally:
+        session.close()
+    assert _wait(lambda: all(r.done for r in dash.owned_runs()), STOP_SECONDS * 3)
+    assert server["errors"] == []
+
+
+def test_stop_reaches_a_run_that_starts_in_the_background(client2):
+    from types import SimpleNamespace
+
+    from panel.io.state import set_curdoc
+
+    from qatlab.ui import dashboard as D
+
+    class _Doc:                    # a session's document: its next-tick callbacks run when the test says
+        def __init__(self):
+            self.callbacks = []
+            self.session_context = SimpleNamespace(request=SimpleNamespace(arguments={}), id="s")
+
+        def add_next_tick_callback(self, fn):
+            self.callbacks.append(fn)
+
+    dash, doc = Dashboard(config=long_config(), period=0, client=client2), _Doc()
+    with set_curdoc(doc):
+        assert D.in_server_session()
+        run = dash.start_run()
+        assert run.id in (None, "starting") or run.status == "created"     # (the thread starts it)
+        dash.stop()
+    assert _wait(lambda: run.done, STOP_SECONDS) and run.status == "stopped"
+    assert _wait(lambda: doc.callbacks, 10)
+    for callback in doc.callbacks:                 # the page shows it, unless it never got an id
+        callback()
+    assert (dash.current is run) == (run.id is not None)
+    dash.close()
 
 
 def test_dashboard_close_stops_runs_within_a_second(client2):
@@ -362,7 +409,7 @@ def test_browser_six_pages_churned_then_closed_free_threads_and_the_log_stays_cl
     server, _ = served
 
     def run_threads(state):
-        return [t for t in state["threads"] if t.startswith(("qatlab-remote-", "qatlab-reaper-"))]
+        return [t for t in state["threads"] if t.startswith(RUN_THREADS)]
 
     assert _wait(lambda: not run_threads(server.inspect()), 30)
     base = server.inspect()
