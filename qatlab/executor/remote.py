@@ -2,11 +2,12 @@
 
 ``start()`` checks the config (and its memory estimate where the data is readable here), creates
 the run in the store, subscribes to the run's row topic and submits
-:func:`~qatlab.executor.worker.run_on_worker` (``prepare()`` does all but the submission ahead). Rows arrive on the client's event loop
-(:meth:`RemoteRun._on_event`) into :attr:`RemoteRun.log`, a MetricsLog that live views read with
-``rows_since(cursor)``; a monitor thread writes them to the store every :data:`FLUSH_SECONDS`,
-beats the store's heartbeat and, once the task ends, stores the result. A worker that dies ends
-the run ``failed`` with "worker lost" (the task is never retried); the other runs go on.
+:func:`~qatlab.executor.worker.run_on_worker` (``prepare()`` does all but the submission, ahead).
+Rows arrive on the client's event loop (:meth:`RemoteRun._on_event`) into :attr:`RemoteRun.log`,
+a MetricsLog that live views read with ``rows_since(cursor)``; a monitor thread writes them to the
+store every :data:`FLUSH_SECONDS`, beats the store's heartbeat and, once the task ends, stores the
+result. A worker that dies ends the run ``failed`` with "worker lost" (the task is never retried);
+the other runs go on.
 
 Status: ``created`` (queued until a worker starts it) -> ``running`` <-> ``paused`` -> one of
 ``finished``, ``stopped``, ``diverged``, ``failed``.
@@ -115,7 +116,7 @@ class RemoteRun(RunProgress):
         weights: the worker publishes weight snapshots (:meth:`weight_snapshot`, the Quantization
             tab's histograms); a sweep's runs, which no page shows that way, save that traffic.
         on_task_end: called with no arguments once the run's Dask task has ended, so its worker slot
-            is free (before the result is stored); on the client's event loop, so it must not block.
+            is free (before the result is stored); on a thread of Dask's client: it must not block.
     """
 
     def __init__(self, config: ExperimentConfig, name: str | None = None, store=None, client=None,
@@ -170,7 +171,7 @@ class RemoteRun(RunProgress):
     def prepare(self) -> "RemoteRun":
         """All that :meth:`start` does before it submits: check the config and its memory estimate
         (ValueError, nothing created), create the run in the store (status ``created``) and open its
-        control and row topic. A sweep readies its next run so while every worker slot is busy;
+        control and row topic. A sweep prepares its next run while every worker slot is busy;
         start() then only submits. RuntimeError when already prepared or started."""
         with self._lock:
             if self.id is not None:

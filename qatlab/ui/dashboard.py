@@ -191,10 +191,18 @@ class Dashboard(pn.viewable.Viewer):
                 log.exception("qatlab: starting runs failed")
             for run in runs.values():
                 run.stop()
-            on_next_tick(doc, self.config_panel.notify_error, str(exc))
+            on_next_tick(doc, self._refused, runs, str(exc))
             return False
         on_next_tick(doc, self._show_started, runs, show)
         return True
+
+    def _refused(self, runs: dict, message: str) -> None:
+        """The page forgets runs that were refused before they started, and says why."""
+        refused = list(runs.values())
+        self._started = [r for r in self._started if r not in refused]
+        if self.status.runs == refused:
+            self.status.runs = []
+        self.config_panel.notify_error(message)
 
     def _show_started(self, runs: dict, show) -> None:
         if not self.closed and all(run.id is not None for run in runs.values()):   # (not stopped before it started)

@@ -539,3 +539,11 @@ def test_rebuild_pieces_rest_only_while_another_session_builds(monkeypatch, serv
         await asyncio.gather(scheduled[1](), scheduled[2]())
     asyncio.run(both())
     assert len(rests) >= 4 and all(0 < r <= base.MAX_PIECE_REST for r in rests) and base._active_builds == 0
+
+
+def test_a_run_refused_by_the_memory_estimate_is_not_kept_and_the_page_says_why(monkeypatch):
+    monkeypatch.setenv("QATLAB_MEMORY_BUDGET", "1K")
+    dash = Dashboard(period=0)
+    assert dash.start_run() is None and dash.compare_ste() is None
+    assert dash.owned_runs() == [] and dash.status.runs == []
+    assert dash.config_panel.error.visible and "over the budget" in dash.config_panel.error.object
