@@ -136,9 +136,16 @@ class LiveView(pn.viewable.Viewer):
         Views keep their figures in ``self.figures``; a new fitter is made after a rebuild."""
         figures = list(getattr(self, "figures", {}).values())
         if self._fitter is None or list(map(id, self._fitter.figures)) != list(map(id, figures)):
+            self.drop_fitter()
             self._fitter = RangeFitter(figures)
         runs = self.shown_runs()
         self._fitter.update(final=bool(runs) and all(r.done for r in runs))   # ended: x ends at the data
+
+    def drop_fitter(self) -> None:
+        """Forget the range fitter (the next :meth:`fit_ranges` makes a new one for the figures shown)."""
+        if self._fitter is not None:
+            self._fitter.close()
+            self._fitter = None
 
     def refresh(self, force: bool = False) -> None:
         """Update the non-streamed parts (status text, tables, histograms). Cheap when nothing changed;

@@ -88,6 +88,7 @@ class _ManagedRange:
         self.visible: dict[str, bool] = {}      # renderer id -> visible
         self.fitted: tuple | None = None        # (start, end) last set here
         self.refit = True
+        self._watching: list = []               # (renderer, its visible callback), for close()
 
     def add(self, renderer) -> None:
         glyph, source = renderer.glyph, renderer.data_source
@@ -102,7 +103,15 @@ class _ManagedRange:
             return
         self.sources.setdefault(source.id, (source, []))[1].extend(fields)
         self.visible[renderer.id] = renderer.visible
-        renderer.on_change("visible", lambda attr, old, new, rid=renderer.id: self._on_visible(rid, new))
+        callback = (lambda attr, old, new, rid=renderer.id: self._on_visible(rid, new))
+        renderer.on_change("visible", callback)
+        self._watching.append((renderer, callback))
+
+    def close(self) -> None:
+        """Stop watching the renderers (a renderer that outlives this range keeps no reference to it)."""
+        for renderer, callback in self._watching:
+            renderer.remove_on_change("visible", callback)
+        self._watching = []
 
     def _on_visible(self, rid: str, visible: bool) -> None:
         self.visible[rid] = bool(visible)
@@ -164,6 +173,11 @@ class RangeFitter:
                     if hasattr(renderer, "glyph") and hasattr(renderer, "data_source"):
                         m.add(renderer)
         self.ranges = list(managed.values())
+
+    def close(self) -> None:
+        """Forget the figures: their renderers no longer call back into this fitter."""
+        for m in self.ranges:
+            m.close()
 
     def update(self, final: bool = False) -> None:
         """Move every managed range whose data left it (see the module doc); ``final``: the

@@ -91,6 +91,8 @@ class SteCompareView(LiveView):
     def __init__(self, runs: dict | None = None, hub=None, options=None, lazy: bool = False, **params):
         super().__init__(hub, options, lazy, **params)
         self.figures: dict = {}
+        self._shape = None           # what the figures were built for (see _shape_of)
+        self._bindings: list = []    # (renderer, kind, stream source attribute, name prefix) of every line
         self.summary = summary_frame({})
         # A fixed-height HTML table: re-rendering it once a second costs the browser almost nothing,
         # while replacing a Tabulator's value re-lays out the whole page (measured: it dominated
@@ -122,22 +124,29 @@ class SteCompareView(LiveView):
             self.table.visible = False
             self.intro.object = INTRO
             return
-        x, xr, y_log = self.x_field, F.shared_x_range(), self.options.log_y
+        x, y_log = self.x_field, self.options.log_y
         streams = {str(getattr(k, "value", k)): self.hub.stream(r) for k, r in self.runs.items()}
         first = next(iter(self.runs.values()))
+        shape = (x, y_log, n_layers_of(first.config), tuple(streams))
+        if self.figures and shape == self._shape:      # a new comparison of the same kind: same figures
+            self._show_intro(first)
+            self._rebind(streams)
+            return
+        xr, self._bindings = F.shared_x_range(), []
         yield
 
         loss = F.line_figure("Train loss (EMA) per STE", "loss", name="fig-ste-loss", x_field=x, x_range=xr,
                              y_log=y_log, height=280)
         for kind, rs in streams.items():
-            F.add_line(loss, rs.loss, x, "loss_s", **F.ste_line(kind), name=f"ste-loss-{rs.run.id}", label=kind)
+            self._bind(F.add_line(loss, rs.loss, x, "loss_s", **F.ste_line(kind), name=f"ste-loss-{rs.run.id}",
+                                  label=kind), kind, "loss", "ste-loss")
         F.finish(loss)
         yield
         acc = F.line_figure("Test accuracy per STE", "accuracy", name="fig-ste-accuracy", x_field=x, x_range=xr,
                             y_range=F.fraction_range(), height=280)
         for kind, rs in streams.items():
-            F.add_line(acc, rs.eval, x, "test_accuracy", **F.ste_line(kind), name=f"ste-accuracy-{rs.run.id}",
-                       label=kind)
+            self._bind(F.add_line(acc, rs.eval, x, "test_accuracy", **F.ste_line(kind), name=f"ste-accuracy-{rs.run.id}",
+                                  label=kind), kind, "eval", "ste-accuracy")
         F.finish(acc, location="bottom_right")
         yield
 
@@ -156,25 +165,42 @@ class SteCompareView(LiveView):
             for i, col in enumerate(columns):
                 for kind, rs in streams.items():
                     y = f"{col}_s" if f"{col}_s" in rs.train.data else col
-                    F.add_line(fig, rs.train, x, y, color=F.STE_COLORS.get(kind, "#333333"), width=1.5,
-                               dash=F.LAYER_DASHES[i % len(F.LAYER_DASHES)], name=f"ste-{col}-{rs.run.id}")
+                    self._bind(F.add_line(fig, rs.train, x, y, color=F.STE_COLORS.get(kind, "#333333"), width=1.5,
+                                          dash=F.LAYER_DASHES[i % len(F.LAYER_DASHES)], name=f"ste-{col}-{rs.run.id}"),
+                               kind, "train", f"ste-{col}")
             figures[metric] = fig
             yield
+        self._show_intro(first)
+        top = pn.Row(bokeh_pane(loss), bokeh_pane(acc), sizing_mode="stretch_width")
+        self._plots.objects = [top]
+        yield
+        self.figures, self._shape = figures, shape
+        self._plots.objects = [
+            top, pn.pane.HTML(f"<b>Small multiples</b> &nbsp; {legend} &nbsp;&nbsp; {dash_key}", margin=(5, 10)),
+            pn.GridBox(*(bokeh_pane(figures[m]) for m, *_ in SMALL), ncols=2, sizing_mode="stretch_width")]
+        self._last_summary = None
+        self.refresh(force=True)
+
+    def _bind(self, renderer, kind: str, attr: str, prefix: str) -> None:
+        self._bindings.append((renderer, kind, attr, prefix))
+
+    def _rebind(self, streams: dict) -> None:
+        """Point every line at the new runs' sources (and names): a comparison after the first
+        builds no figure, the costliest part of a Compare for the server and the browser."""
+        for renderer, kind, attr, prefix in self._bindings:
+            rs = streams[kind]
+            renderer.update(data_source=getattr(rs, attr), name=f"{prefix}-{rs.run.id}")
+        self.drop_fitter()               # the ranges fit the new data from scratch
+        self._last_summary = None
+        self.refresh(force=True)
+
+    def _show_intro(self, first) -> None:
         q = first.config.quant
         names = ", ".join(r.name for r in self.runs.values())
         self.intro.object = (f"**{len(self.runs)} STE kinds** · weights **{q.weights}**"
                              + (f" ({q.weight_bits} bit)" if q.weights == "fake" else "")
                              + f" · same seed and data · runs: {names}")
         self.table.visible = True
-        top = pn.Row(bokeh_pane(loss), bokeh_pane(acc), sizing_mode="stretch_width")
-        self._plots.objects = [top]
-        yield
-        self.figures = figures
-        self._plots.objects = [
-            top, pn.pane.HTML(f"<b>Small multiples</b> &nbsp; {legend} &nbsp;&nbsp; {dash_key}", margin=(5, 10)),
-            pn.GridBox(*(bokeh_pane(figures[m]) for m, *_ in SMALL), ncols=2, sizing_mode="stretch_width")]
-        self._last_summary = None
-        self.refresh(force=True)
 
     def shown_runs(self) -> list:
         return list(self.runs.values())

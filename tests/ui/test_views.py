@@ -324,6 +324,49 @@ def test_ste_compare_view_small_multiples_and_ranking():
     assert summary_frame({}).empty
 
 
+def test_a_second_comparison_reuses_the_figures_and_lets_go_of_the_first_runs():
+    import gc
+    import weakref
+
+    from bokeh.models import GlyphRenderer
+
+    def comparison(tag):
+        runs = {kind: ql.LocalRun(small_config(), name=f"{tag} {kind.value}") for kind in ql.SteKind}
+        for run in runs.values():
+            feed(run, 1, 20)
+        return runs
+
+    view = SteCompareView(comparison("a"))
+    view.hub.pull()
+    view.fit_ranges()
+    figures, first = dict(view.figures), dict(view.runs)
+    y0 = (view.figures["loss"].y_range.start, view.figures["loss"].y_range.end)
+    old_sources = [weakref.ref(getattr(view.hub.stream(run), attr)) for run in first.values()
+                   for attr in ("loss", "eval", "train")]
+    second = comparison("b")
+    for run in second.values():                      # other losses: the y range must follow them
+        for i in range(20):
+            run.log.append({"step": 100 + i, "loss": 50.0 + i})
+    view.runs = second
+    for run in first.values():
+        view.hub.drop(run.id)
+    view.hub.pull()
+    view.fit_ranges()
+    assert view.figures == figures                   # the same figure objects, lines pointing at the new runs
+    renderers = [r for fig in view.figures.values() for r in fig.renderers
+                 if isinstance(r, GlyphRenderer) and r.name and r.name.startswith("ste-")]
+    ids = {run.id for run in second.values()}
+    assert renderers and all(any(r.name.endswith(f"-{i}") for i in ids) for r in renderers)
+    assert all(r.data_source in {s for run in second.values() for s in
+                                 (view.hub.stream(run).loss, view.hub.stream(run).eval, view.hub.stream(run).train)}
+               for r in renderers)
+    assert (view.figures["loss"].y_range.start, view.figures["loss"].y_range.end) != y0
+    assert "b identity" in view.intro.object and set(view.summary["run"]) == ids
+    del renderers
+    gc.collect()
+    assert all(ref() is None for ref in old_sources)  # nothing (no range callback) holds the first runs' data
+
+
 def test_quant_view_histograms_follow_weight_snapshot():
     run = ql.LocalRun(small_config())
     view = QuantView(run)
@@ -450,6 +493,7 @@ def test_ste_rebuild_runs_in_pieces_and_a_newer_request_abandons_an_older_one(se
     from panel.io.state import set_curdoc
     view = comparison_view()                                 # no server session: built at once
     at_once = sorted(view.figures)
+    view._shape = None                   # (else a comparison of the same shape reuses the figures)
     before, shown = list(view._plots.objects), []
     for _ in view.rebuild_steps():        # the shown layout changes twice, in the last two pieces
         shown.append([o for o in view._plots.objects if not any(o is b for b in before)])
@@ -528,11 +572,13 @@ def test_rebuild_pieces_rest_only_while_another_session_builds(monkeypatch, serv
     monkeypatch.setattr(base.asyncio, "sleep", sleep)
     doc, scheduled = server_doc()
     with set_curdoc(doc):
+        views[0]._shape = None               # (else a rebuild of the same shape reuses the figures)
         views[0].request_rebuild()
     asyncio.run(scheduled[0]())
     assert rests == [] and base._active_builds == 0
     with set_curdoc(doc):
         for view in views:
+            view._shape = None
             view.request_rebuild()
 
     async def both():
