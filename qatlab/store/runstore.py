@@ -83,7 +83,8 @@ class RunRecord:
                    started=_utc(started), ended=_utc(ended), message=message,
                    owner={"host": host, "pid": pid, "start": start, "page": page}, worker=worker,
                    sweep_id=sweep_id, point=json.loads(point) if point else None, final=json.loads(final),
-                   provenance=json.loads(prov), heartbeat=_utc(heartbeat), n_rows=n_rows, config_dict=json.loads(config))
+                   provenance=json.loads(prov), heartbeat=_utc(heartbeat), n_rows=n_rows,
+                   config_dict=json.loads(config))
 
     @functools.cached_property
     def config(self):

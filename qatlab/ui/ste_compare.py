@@ -91,7 +91,7 @@ class SteCompareView(LiveView):
     def __init__(self, runs: dict | None = None, hub=None, options=None, lazy: bool = False, **params):
         super().__init__(hub, options, lazy, **params)
         self.figures: dict = {}
-        self._shape = None           # what the figures were built for (see _shape_of)
+        self._shape = None           # what the figures were built for: (x field, log y, layers, kinds)
         self._bindings: list = []    # (renderer, kind, stream source attribute, name prefix) of every line
         self.summary = summary_frame({})
         # A fixed-height HTML table: re-rendering it once a second costs the browser almost nothing,
@@ -138,15 +138,16 @@ class SteCompareView(LiveView):
         loss = F.line_figure("Train loss (EMA) per STE", "loss", name="fig-ste-loss", x_field=x, x_range=xr,
                              y_log=y_log, height=280)
         for kind, rs in streams.items():
-            self._bind(F.add_line(loss, rs.loss, x, "loss_s", **F.ste_line(kind), name=f"ste-loss-{rs.run.id}",
-                                  label=kind), kind, "loss", "ste-loss")
+            line = F.add_line(loss, rs.loss, x, "loss_s", **F.ste_line(kind), name=f"ste-loss-{rs.run.id}", label=kind)
+            self._bind(line, kind, "loss", "ste-loss")
         F.finish(loss)
         yield
         acc = F.line_figure("Test accuracy per STE", "accuracy", name="fig-ste-accuracy", x_field=x, x_range=xr,
                             y_range=F.fraction_range(), height=280)
         for kind, rs in streams.items():
-            self._bind(F.add_line(acc, rs.eval, x, "test_accuracy", **F.ste_line(kind), name=f"ste-accuracy-{rs.run.id}",
-                                  label=kind), kind, "eval", "ste-accuracy")
+            line = F.add_line(acc, rs.eval, x, "test_accuracy", **F.ste_line(kind), name=f"ste-accuracy-{rs.run.id}",
+                              label=kind)
+            self._bind(line, kind, "eval", "ste-accuracy")
         F.finish(acc, location="bottom_right")
         yield
 
@@ -165,9 +166,9 @@ class SteCompareView(LiveView):
             for i, col in enumerate(columns):
                 for kind, rs in streams.items():
                     y = f"{col}_s" if f"{col}_s" in rs.train.data else col
-                    self._bind(F.add_line(fig, rs.train, x, y, color=F.STE_COLORS.get(kind, "#333333"), width=1.5,
-                                          dash=F.LAYER_DASHES[i % len(F.LAYER_DASHES)], name=f"ste-{col}-{rs.run.id}"),
-                               kind, "train", f"ste-{col}")
+                    line = F.add_line(fig, rs.train, x, y, color=F.STE_COLORS.get(kind, "#333333"), width=1.5,
+                                      dash=F.LAYER_DASHES[i % len(F.LAYER_DASHES)], name=f"ste-{col}-{rs.run.id}")
+                    self._bind(line, kind, "train", f"ste-{col}")
             figures[metric] = fig
             yield
         self._show_intro(first)
