@@ -283,8 +283,18 @@ def streaming_tick(pull, root) -> None:
             pull()
         if root is not None and not in_server_session():
             pn.io.push_notebook(root)   # notebook: Bokeh model edits need an explicit push
+        forget_detached_models(pn.state.curdoc)
     except Exception:
         log.exception("qatlab: streaming tick failed")
+
+
+def forget_detached_models(doc) -> None:
+    """Let go of models that joined ``doc`` and left it before a patch sent them. Bokeh keeps such a
+    model, and all it references, in the document's set of new models for the session's lifetime:
+    a run's earlier figures and sources, after every Start (public ``Document.models.flush_synced``;
+    a model that joins again is new again)."""
+    if doc is not None:
+        doc.models.flush_synced(lambda model: model.document is not None)
 
 
 def _page_closed(doc) -> bool:

@@ -593,3 +593,31 @@ def test_a_run_refused_by_the_memory_estimate_is_not_kept_and_the_page_says_why(
     assert dash.start_run() is None and dash.compare_ste() is None
     assert dash.owned_runs() == [] and dash.status.runs == []
     assert dash.config_panel.error.visible and "over the budget" in dash.config_panel.error.object
+
+
+def test_a_model_that_left_the_document_before_any_patch_is_let_go():
+    """Bokeh keeps a model added to a document and removed before any patch sent it among the
+    document's new models for good; the streaming tick lets go of it (a run's earlier figures)."""
+    import gc
+    import weakref
+
+    from bokeh.document import Document
+    from bokeh.models import ColumnDataSource, Column as BkColumn
+
+    from qatlab.ui.base import forget_detached_models
+    doc = Document()
+    root = BkColumn()
+    doc.add_root(root)
+    doc.models.flush_synced()                          # (as once the page has it)
+    source = ColumnDataSource({"x": [1.0, 2.0]})
+    held = BkColumn(tags=[source])
+    root.children = [held]                             # joins the document ...
+    root.children = []                                 # ... and leaves before any patch
+    gone = weakref.ref(source)
+    del source, held
+    gc.collect()
+    assert gone() is not None                          # Bokeh still holds it
+    forget_detached_models(doc)
+    gc.collect()
+    assert gone() is None
+    assert root in doc.models.synced_references        # what the page has stays
