@@ -35,12 +35,12 @@ the workers; its rendering load is part of what is measured.
     presses ``Compare STE kinds``; each page times its click until its tabs switch to the STE
     comparison (the server has taken the click: the page holds its four runs, whose store records
     and Dask tasks are made on a thread, their curves following once they exist). A probe thread
-    GETs a small static file from the server every 0.25 s meanwhile. Every page must show ``Status: finished``; after the pages
-    close (the server runs with ``--check-unused-sessions 1000 --unused-session-lifetime 20000``),
-    no run may be active, no run thread (:data:`RUN_THREADS`) alive, and every session's
-    Dashboard closed and not streaming. Then a page starts a long comparison and is closed
-    mid-run: its four runs must be ``stopped``; the time from the close to the last run's end on
-    the server is the goal's.
+    GETs a small static file from the server every 0.25 s meanwhile. Every page must show
+    ``Status: finished``; after the pages close (the server runs with ``--check-unused-sessions
+    1000 --unused-session-lifetime 20000``), no run may be active, no run thread
+    (:data:`RUN_THREADS`) alive, and every session's Dashboard closed and not streaming. Then a
+    page starts a long comparison and is closed mid-run: its four runs must be ``stopped``; the
+    time from the close to the last run's end on the server is the goal's.
     * The same with the page's default experiment (the mnist CNN, ``kind="cnn"``), reported apart
       (informational, no goal): ``cnn_rounds`` rounds of ``cnn_epochs`` epochs.
 (c) Divergence: from a page, ``sgd`` at learning rate 100 (digits MLP, cross-entropy) is

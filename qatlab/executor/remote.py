@@ -232,7 +232,7 @@ class RemoteRun(RunProgress):
         with self._lock:
             self._future, self._submitting = future, False
             stop_now = self._stop_when_submitted
-        future.add_done_callback(self._task_ended)
+        future.add_done_callback(self._on_task_done)
         _active.add(self)
         threading.Thread(target=self._monitor, name=f"qatlab-remote-{run_id[:8]}", daemon=True).start()
         if stop_now:
@@ -265,7 +265,7 @@ class RemoteRun(RunProgress):
         """A prepared run stopped before it was submitted: its stored status, no topic or control."""
         self._store.set_status(self.id, self.status, self.message)
         if self._ready:
-            self._forget(self._client, self.id, task=False)
+            self._forget()
 
     def pause(self) -> None:
         """Hold the run between steps (a queued run waits at its first step)."""
@@ -361,7 +361,7 @@ class RemoteRun(RunProgress):
 
     # ------------------------------------------------------------------ client side plumbing
 
-    def _task_ended(self, _future) -> None:
+    def _on_task_done(self, _future) -> None:
         self._wake.set()
         if self._on_task_end is not None:
             self._on_task_end()
@@ -511,9 +511,10 @@ class RemoteRun(RunProgress):
     def _cleanup(self) -> None:
         """Forget the run on the scheduler: topic, its stored events, Variables, the task's result."""
         _active.discard(self)
-        self._forget(self._client, self.id, task=True)
+        self._forget()
 
-    def _forget(self, client, run_id: str, task: bool) -> None:
+    def _forget(self) -> None:
+        client, run_id = self._client, self.id
         if client.status != "running":     # a closed client's calls can wait for a reconnect forever
             return
         from distributed import Variable
@@ -522,7 +523,7 @@ class RemoteRun(RunProgress):
                      self._control.delete,
                      *([lambda: Variable(weights_name(run_id), client=client).delete()]
                        if self._weights_published or self._weights_packed else []),
-                     *([self._future.release] if task else [])):
+                     *([self._future.release] if self._future is not None else [])):
             try:
                 step()
             except Exception:       # a closed client or scheduler: nothing left to forget
