@@ -92,6 +92,10 @@ def test_remote_run_refuses_bad_arguments(store):
         RemoteRun(config(), client="tcp://127.0.0.1:8786")
     with pytest.raises(TypeError, match="keep_alive"):
         RemoteRun(config(), keep_alive="yes")
+    with pytest.raises(TypeError, match="weights: expected a bool"):
+        RemoteRun(config(), weights="no")
+    with pytest.raises(TypeError, match="on_task_end"):
+        RemoteRun(config(), on_task_end="soon")
     with pytest.raises(ValueError, match="name"):
         RemoteRun(config(), name="<b>")
 

@@ -132,13 +132,15 @@ class RemoteRun(RunProgress):
             raise TypeError(f"client: expected a distributed.Client or None, got {type(client).__name__}")
         if not isinstance(keep_alive, bool):
             raise TypeError(f"keep_alive: expected a bool, got {type(keep_alive).__name__}")
+        if not isinstance(weights, bool):
+            raise TypeError(f"weights: expected a bool, got {type(weights).__name__}")
         if on_task_end is not None and not callable(on_task_end):
             raise TypeError(f"on_task_end: expected a callable or None, got {type(on_task_end).__name__}")
         config.validate()
         self.config = config.copy()
         self.name = None if name is None else checked_name(name)
         self.keep_alive, self.owner, self.keep_model = keep_alive, owner, bool(keep_model)
-        self.weights = bool(weights)
+        self.weights = weights
         self.sweep_id, self.point = sweep_id, point
         self._on_task_end = on_task_end
         self.id: str | None = None          # the store's run id, from start()
