@@ -19,22 +19,21 @@ if not _os.environ.get("NUMBA_CACHE_DIR") and not (_numba is not None and _numba
         _numba.config.CACHE_DIR = _os.environ["NUMBA_CACHE_DIR"]
 
 if "numpy" in _sys.modules:   # imported first (a notebook's `import numpy`, Panel under `panel serve`):
-    from .blas import limit_blas_threads as _limit   # its OpenBLAS already read the environment
+    from .runtime.blas import limit_blas_threads as _limit   # its OpenBLAS already read the environment
     _limit()
-from .ste import SteKind
 from .config import (DataConfig, ExperimentConfig, ModelConfig, OptimConfig, PhaseConfig, PredictionConfig,
                      QatConfig, QuantConfig, TernaryConfig, VSAConfig, dashboard_config)
 from .metrics import MetricsLog
-from .quant import (FakeQuantize, MinMaxObserver, MovingAverageMinMaxObserver, TernaryQuantizer,
+from .quant import (FakeQuantize, MinMaxObserver, MovingAverageMinMaxObserver, SteKind, TernaryQuantizer,
                     ternary_dequantize, ternary_quantize)
 from . import data
 from .runs import LocalRun, RunResult, compare_ste, run_experiment, start_ste_comparison
 from .nn import Cnn, CnnGradients, CnnScratch, Conv2d, Flatten, Gradients, Linear, MaxPool2d, Mlp, Scratch
 from .nn.export import ExportedModel, load_exported
 from .nn.summary import ModelSummary, summary
-from .fused import FusedStep
-from .ternary_mlp import TernaryMLP
-from .train.ste import QatResult, SteTrainer
+from .train.fused_step import FusedStep
+from .nn.ternary_mlp import TernaryMLP
+from .train.ste_trainer import QatResult, SteTrainer
 from .train.phase import PhaseTrainer, StepInfo, TrainerStats, TrainingPhase, make_phase_trainer
 from .train.predictors import CorrectionResult, LeastSquaresPredictor, MomentumPredictor
 from .train.ternary_accumulator import TernaryGradientAccumulator
@@ -52,3 +51,23 @@ def __getattr__(name: str):
 
 # Sweeps: grid/random points x seeds on the executor (making a Sweep loads Dask, for its checks).
 from .sweep import MedianStopping, Sweep, SweepResult  # noqa: E402
+
+__all__ = [
+    # quantizers
+    "SteKind", "FakeQuantize", "MinMaxObserver", "MovingAverageMinMaxObserver", "TernaryQuantizer",
+    "ternary_quantize", "ternary_dequantize",
+    # configs and data
+    "ExperimentConfig", "DataConfig", "ModelConfig", "QuantConfig", "OptimConfig", "PhaseConfig",
+    "PredictionConfig", "QatConfig", "TernaryConfig", "VSAConfig", "dashboard_config", "data",
+    # models
+    "Mlp", "Gradients", "Scratch", "Cnn", "CnnGradients", "CnnScratch", "Linear", "Conv2d", "MaxPool2d",
+    "Flatten", "TernaryMLP", "ExportedModel", "load_exported", "ModelSummary", "summary",
+    # training
+    "run_experiment", "RunResult", "MetricsLog", "FusedStep", "SteTrainer", "QatResult", "PhaseTrainer",
+    "StepInfo", "TrainerStats", "TrainingPhase", "make_phase_trainer", "CorrectionResult",
+    "LeastSquaresPredictor", "MomentumPredictor", "TernaryGradientAccumulator", "VSABundle",
+    "VSAGradientCompressor", "VSAReport", "check_memory", "estimate_memory",
+    # runs, store, executor, sweeps
+    "LocalRun", "compare_ste", "start_ste_comparison", "RunStore", "RunRecord", "connect", "shutdown", "Run",
+    "RemoteRun", "Sweep", "SweepResult", "MedianStopping",
+]

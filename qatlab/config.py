@@ -12,7 +12,7 @@ from typing import Any
 
 import param
 
-from .ste import STE_NAMES, SteKind
+from .quant.ste import STE_NAMES, SteKind
 
 
 class _Config(param.Parameterized):

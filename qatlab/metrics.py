@@ -23,6 +23,8 @@ import threading
 import numpy as np
 
 DEFAULT_CAPACITY = 100_000
+#: Per-layer metrics of a row, in row order; layer i's column is ``<metric>_<i>`` (the dashboard reads these).
+LAYER_METRICS = ("grad_norm", "noise_mse", "sqnr_db", "saturation", "scale", "frac_neg", "frac_zero", "frac_pos")
 _REAL = (int, float, np.integer, np.floating)
 _REAL_TYPES = frozenset((int, float, np.float64, np.float32, np.int64))   # checked first: the common ones
 

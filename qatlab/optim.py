@@ -1,7 +1,7 @@
 r"""Optimizers (SGD, momentum, Adam/AdamW), learning-rate schedules and global-norm clipping.
 
 Optimizers update float32 parameters in place, one Numba kernel call per contiguous
-segment (split across the cores from ``qatlab.parallel.MIN_ELEMENTS`` elements, same bits). Pass ``mlp.flat_params()`` (or ``mlp.parameters()``, whose views are merged back
+segment (split across the cores from ``qatlab.runtime.parallel.MIN_ELEMENTS`` elements, same bits). Pass ``mlp.flat_params()`` (or ``mlp.parameters()``, whose views are merged back
 into the one flat buffer) and step with ``grads.flat()``: the whole update is then ONE call.
 Parameters and gradients may also be lists of ``(name, array)`` pairs or of arrays (C-contiguous
 float32), in matching order.
@@ -29,7 +29,7 @@ import numbers
 
 import numpy as np
 
-from . import parallel
+from .runtime import parallel
 from .kernels.dense import scale_inplace, sum_squares
 from .kernels.optim_kernels import _adam_kernel, _momentum_kernel, _sgd_kernel, fused_row, fused_rows
 

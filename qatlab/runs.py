@@ -19,14 +19,14 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from .config import ExperimentConfig
 from .metrics import MetricsLog
 from .progress import RunProgress
-from .ste import SteKind
+from .quant.ste import SteKind
+from .train.result import RunResult
 
 log = logging.getLogger(__name__)
 
@@ -54,18 +54,6 @@ def checked_name(name) -> str:
         raise ValueError(f"name: expected 1 to {NAME_LIMIT} printable characters other than < and >, "
                          f"got {name!r:.100}")
     return text
-
-
-@dataclass
-class RunResult:
-    """What a finished run leaves: ``history`` {column: array (rows,)}, ``final`` metrics, the model."""
-
-    history: dict
-    final: dict
-    model: object = None
-    status: str = "finished"
-    message: str = ""
-    config: dict = field(default_factory=dict)
 
 
 class RunControl:

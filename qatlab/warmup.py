@@ -19,7 +19,7 @@ from typing import Callable
 from numba.core import event as _nb_event
 
 from .config import ExperimentConfig, dashboard_config
-from .ste import SteKind
+from .quant.ste import SteKind
 
 __all__ = ["default_configs", "warmup", "start", "wait", "status", "status_text", "WarmupStatus"]
 

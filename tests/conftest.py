@@ -34,10 +34,10 @@ def torch():
 
 @pytest.fixture
 def force_split(monkeypatch):
-    """``force_split(cores, **thresholds)`` makes qatlab.parallel split small work over ``cores``
+    """``force_split(cores, **thresholds)`` makes qatlab.runtime.parallel split small work over ``cores``
     (thresholds such as ``MIN_ELEMENTS=1000`` or ``MIN_MACS=1`` patched for the test) and returns
     the list that then records ``(n_rows, parts)`` of every split_rows call."""
-    from qatlab import parallel
+    from qatlab.runtime import parallel
 
     def patch(cores: int, **thresholds) -> list:
         calls = []

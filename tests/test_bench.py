@@ -1,4 +1,4 @@
-"""The benchmark harness (qatlab.benchkit), the CLI (qatlab.bench) and the fakequant suite on tiny sizes.
+"""The benchmark harness (qatlab.bench.kit), the CLI (qatlab.bench) and the fakequant suite on tiny sizes.
 
 No timing assertions: statistics are checked on a fake clock, the suite only for shape and validity.
 """
@@ -13,8 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qatlab import bench, bench_fakequant, benchkit
-from qatlab.benchkit import (BenchOptions, Column, Goal, Measurement, SuiteNotAvailable, SuiteResult, Table,
+from qatlab import bench
+
+from qatlab.bench import fakequant as bench_fakequant, kit as benchkit
+from qatlab.bench.kit import (BenchOptions, Column, Goal, Measurement, SuiteNotAvailable, SuiteResult, Table,
                              format_table, measure, measure_many, write_json)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,7 +178,7 @@ def test_registry_lazy_import_registers_suite(tmp_path, monkeypatch):
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "bench_demo.py").write_text(
-        "from qatlab.benchkit import suite, SuiteResult\n"
+        "from qatlab.bench.kit import suite, SuiteResult\n"
         "@suite('demo_lazy')\n"
         "def run(opts):\n    'A demo suite.'\n    return SuiteResult(tables=[])\n")
     monkeypatch.syspath_prepend(str(tmp_path))

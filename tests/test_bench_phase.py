@@ -11,9 +11,11 @@ import statistics
 
 import pytest
 
-from qatlab import bench, bench_phase
+from qatlab import bench
+
+from qatlab.bench import phase as bench_phase
 from qatlab import config as C
-from qatlab.benchkit import BenchOptions, load_suite
+from qatlab.bench.kit import BenchOptions, load_suite
 
 FAST = BenchOptions(quick=True, repeats=1, warmup=0, min_time=0.0)
 

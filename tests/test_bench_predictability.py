@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from qatlab import config as C
-from qatlab.bench_predictability import gradient_predictability, lag_cosines, real_gradients
+from qatlab.bench.predictability import gradient_predictability, lag_cosines, real_gradients
 from qatlab.data import load_dataset
 
 

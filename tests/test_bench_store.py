@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from qatlab import bench_store
+from qatlab.bench import store as bench_store
 from qatlab.bench import main as bench_main
-from qatlab.benchkit import load_suite
+from qatlab.bench.kit import load_suite
 
 
 @pytest.mark.slow

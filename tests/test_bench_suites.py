@@ -11,9 +11,11 @@ import json
 import numpy as np
 import pytest
 
-from qatlab import bench, bench_quality, bench_train
-from qatlab.benchkit import BenchOptions, load_suite
-from qatlab.ste import SteKind
+from qatlab import bench
+
+from qatlab.bench import quality as bench_quality, train as bench_train
+from qatlab.bench.kit import BenchOptions, load_suite
+from qatlab.quant.ste import SteKind
 
 TINY_SHAPES = (((8, 16, 4), 4), ((8, 32, 4), 8))
 FAST = BenchOptions(quick=True, repeats=1, warmup=0, min_time=0.0)
@@ -169,7 +171,7 @@ def test_torch_step_matches_qatlab(torch):
 
 
 def test_torch_reference_quant_and_train(torch):
-    from qatlab import bench_torch_ref as ref
+    from qatlab.bench import torch_ref as ref
     from qatlab.data import make_synthetic
     from qatlab.quant import FakeQuantize, TernaryQuantizer
 
@@ -198,7 +200,7 @@ def test_torch_reference_quant_and_train(torch):
 
 
 def test_conv_suite_quick_structure(monkeypatch, tmp_path):
-    from qatlab import bench_conv
+    from qatlab.bench import conv as bench_conv
 
     monkeypatch.setattr(bench_conv, "_import_torch", lambda: None)
     opts = BenchOptions(quick=True, repeats=1, warmup=0, min_time=0.0, sizes=(8,))
@@ -228,7 +230,7 @@ def test_conv_suite_quick_structure(monkeypatch, tmp_path):
 
 
 def test_conv_goals_follow_numbers():
-    from qatlab import bench_conv
+    from qatlab.bench import conv as bench_conv
 
     def row(q, floor, fl, torch_best=None):
         r = {"qatlab_ms": q, "floor_ms": floor, "x_floor": q / floor, "x_float": q / fl}
@@ -241,7 +243,7 @@ def test_conv_goals_follow_numbers():
 
 
 def test_conv_floor_and_steps_train():
-    from qatlab import bench_conv
+    from qatlab.bench import conv as bench_conv
 
     x, labels = bench_conv.data(8)
     for _, _, weights, bits, pc in bench_conv.KINDS:
@@ -252,7 +254,7 @@ def test_conv_floor_and_steps_train():
 
 
 def test_conv_torch_twin_same_math(torch):
-    from qatlab import bench_conv
+    from qatlab.bench import conv as bench_conv
 
     x, labels = bench_conv.data(8)
     for _, _, weights, bits, pc in bench_conv.KINDS:
@@ -272,7 +274,7 @@ def test_quality_parts_env(monkeypatch):
 
 
 def test_cnn_quality_configs_are_the_recipes():
-    from qatlab import bench_quality_cnn as q
+    from qatlab.bench import quality_cnn as q
 
     cfg = q.mnist_config("fake", 4, True, "tanh", seed=2)
     assert (cfg.data.dataset, cfg.data.test_fraction, cfg.data.seed) == ("mnist", 0.2, 0)
@@ -287,7 +289,7 @@ def test_cnn_quality_configs_are_the_recipes():
 
 @pytest.mark.slow
 def test_quality_cnn_quick_structure(monkeypatch, tmp_path):
-    from qatlab import bench_quality_cnn as q
+    from qatlab.bench import quality_cnn as q
 
     monkeypatch.setattr(bench_quality, "_import_torch", lambda: None)
     monkeypatch.setenv(bench_quality.PARTS_ENV, "cnn")
@@ -314,7 +316,7 @@ def test_quality_cnn_quick_structure(monkeypatch, tmp_path):
 
 
 def test_torch_cnn_twin_matches_qatlab(torch):
-    from qatlab import bench_torch_ref as ref
+    from qatlab.bench import torch_ref as ref
     from qatlab.data import Dataset
     from qatlab.nn.cnn import Cnn
 

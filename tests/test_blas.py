@@ -15,7 +15,7 @@ import json, sys
 if sys.argv[1] == "numpy-first":
     import numpy
 import qatlab as ql
-from qatlab.blas import limit_blas_threads
+from qatlab.runtime.blas import limit_blas_threads
 cfg = ql.ExperimentConfig()
 cfg.model.hidden = [64]; cfg.optim.epochs = 2; cfg.optim.batch_size = 512
 res = ql.run_experiment(cfg)
@@ -36,5 +36,5 @@ def test_import_order_does_not_change_the_run():
 
 
 def test_limit_blas_threads_applies_a_limit():
-    from qatlab.blas import limit_blas_threads
+    from qatlab.runtime.blas import limit_blas_threads
     assert limit_blas_threads(1) is True   # numpy's OpenBLAS is loaded in this process

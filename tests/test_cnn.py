@@ -67,7 +67,7 @@ def test_partial_batches_and_the_evaluation_scratch():
 
 @pytest.mark.parametrize("cores", [1, 3])
 def test_results_do_not_depend_on_the_core_count(monkeypatch, cores):
-    from qatlab import parallel
+    from qatlab.runtime import parallel
     m = ql.Cnn((1, 28, 28), [16, 32], 10, seed=4)          # big enough for split products and images
     x = RNG.random((64, 784), dtype=np.float32)
     labels = RNG.integers(0, 10, 64)

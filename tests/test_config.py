@@ -10,7 +10,7 @@ import pytest
 import qatlab as ql
 from qatlab.config import (DataConfig, ExperimentConfig, ModelConfig, OptimConfig, PhaseConfig, PredictionConfig,
                            QatConfig, QuantConfig, TernaryConfig, VSAConfig)
-from qatlab.ste import SteKind
+from qatlab.quant.ste import SteKind
 
 ALL_CONFIGS = [DataConfig, ModelConfig, QuantConfig, OptimConfig, PredictionConfig, TernaryConfig, VSAConfig,
                PhaseConfig, ExperimentConfig, QatConfig]

@@ -188,7 +188,7 @@ def test_run_on_a_worker_streams_rows_and_matches_in_process(client2, store):
 
 @pytest.mark.slow
 def test_large_layers_split_across_cores_match_in_process(client2, store):
-    # 784 x 1024 ternary weights: matrix products in blocks (qatlab.parallel.dot) and the ternary scale's
+    # 784 x 1024 ternary weights: matrix products in blocks (qatlab.runtime.parallel.dot) and the ternary scale's
     # sum in slices (parallel.sum_slices), whose blocks follow the shapes only, not the cores or Dask's threads
     cfg = config(epochs=1, hidden=(1024,))
     cfg.data.dataset = "mnist"

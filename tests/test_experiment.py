@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import qatlab as ql
-from qatlab.fused import BACKWARD, UPDATE, FusedStep
+from qatlab.train.fused_step import BACKWARD, UPDATE, FusedStep
 from qatlab.metrics import MetricsLog
 from qatlab.quant import FLOAT32_EPS, FakeQuantize, TernaryQuantizer
 from qatlab.train.build import build_model

@@ -265,7 +265,7 @@ def test_abs_mean(rng):
 
 @pytest.mark.parametrize("cores", [1, 2, 3, 8])
 def test_sum_slices_adds_fixed_slice_sums_in_order_whatever_the_cores(rng, force_split, cores):
-    from qatlab import parallel
+    from qatlab.runtime import parallel
     x = rng.standard_normal(10001).astype(F32)
     calls = force_split(cores, MIN_ELEMENTS=1000)
     total = parallel.sum_slices(K.abs_sum, x)

@@ -1,10 +1,10 @@
-"""qatlab.fpmode: per-thread flush-to-zero of subnormal floats, used by training threads."""
+"""qatlab.runtime.fpmode: per-thread flush-to-zero of subnormal floats, used by training threads."""
 import threading
 
 import numpy as np
 import pytest
 
-from qatlab import fpmode, parallel
+from qatlab.runtime import fpmode, parallel
 
 pytestmark = pytest.mark.skipif(not fpmode.X86, reason="MXCSR exists on x86 only")
 

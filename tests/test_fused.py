@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import qatlab as ql
-from qatlab import parallel
-from qatlab.fused import BACKWARD, FORWARD, FusedStep, unsupported_reason
+from qatlab.runtime import parallel
+from qatlab.train.fused_step import BACKWARD, FORWARD, FusedStep, unsupported_reason
 from qatlab.kernels.fused import LAYER_SUMS, batch_rows_error, layer_sums
 from qatlab.nn import ACTIVATIONS, Mlp, cross_entropy_loss, mse_loss
 from qatlab.optim import SGD, Adam, Momentum

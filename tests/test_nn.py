@@ -518,7 +518,7 @@ def test_large_products_split_across_cores_match_one_thread(force_split, parts):
     of ``x @ W.T``, row blocks of the gradient products); the forward, the gradients and dL/dx
     agree with the one-thread products to float32 rounding, and bit for bit with the same blocks
     on one core."""
-    from qatlab import parallel
+    from qatlab.runtime import parallel
     sizes = [40, 96, 7]
     mlp = Mlp(sizes, activation="relu", seed=11)
     randomize_biases(mlp)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from qatlab.config import PhaseConfig
-from qatlab.fused import FusedStep
+from qatlab.train.fused_step import FusedStep
 from qatlab.nn import Mlp
 from qatlab.optim import Adam
 from qatlab.quant import TernaryQuantizer

@@ -6,7 +6,7 @@ import json
 import pytest
 
 import qatlab as ql
-from qatlab.ste import STE_NAMES, SteKind
+from qatlab.quant.ste import STE_NAMES, SteKind
 
 VALUES = {
     "IDENTITY": "identity",

@@ -10,9 +10,9 @@ import pytest
 
 from qatlab.config import QatConfig
 from qatlab.quant import TernaryQuantizer, ternary_quantize
-from qatlab.ste import SteKind
-from qatlab.ternary_mlp import TernaryMLP
-from qatlab.train.ste import QatResult, SteTrainer
+from qatlab.quant.ste import SteKind
+from qatlab.nn.ternary_mlp import TernaryMLP
+from qatlab.train.ste_trainer import QatResult, SteTrainer
 
 I, H, O = 6, 9, 4
 
@@ -183,7 +183,7 @@ def test_divergence_stops_training_without_raising(caplog):
     X, T = _data(8)
     X[5] = 3e38                                     # finite, but the forward overflows
     trainer = SteTrainer.from_f32(I, H, O, w1, w2, QatConfig(epochs=10, batch_size=1, log_every=0))
-    with caplog.at_level(logging.WARNING, logger="qatlab.train.ste"):
+    with caplog.at_level(logging.WARNING, logger="qatlab.train.ste_trainer"):
         res = trainer.train((X, T))
     assert isinstance(res, QatResult) and res.diverged and res.epochs_run == 1
     assert len(res.loss_history) == 1 and not np.isfinite(res.final_loss)
@@ -194,9 +194,9 @@ def test_divergence_stops_training_without_raising(caplog):
 def test_logs_every_n_epochs(caplog):
     w1, w2 = _latents()
     trainer = SteTrainer.from_f32(I, H, O, w1, w2, QatConfig(epochs=7, log_every=3))
-    with caplog.at_level(logging.INFO, logger="qatlab.train.ste"):
+    with caplog.at_level(logging.INFO, logger="qatlab.train.ste_trainer"):
         trainer.train(_data(5))
-    lines = [r.getMessage() for r in caplog.records if r.name == "qatlab.train.ste"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "qatlab.train.ste_trainer"]
     assert len(lines) == 2 and lines[0].startswith("epoch 3/7") and lines[1].startswith("epoch 6/7")
 
 

@@ -251,7 +251,7 @@ def test_cnn_model_roundtrip(store, weights):
 
 
 def test_ternary_model_keeps_packed_trits(store):
-    from qatlab.ternary_mlp import unpack_trits
+    from qatlab.nn.ternary_mlp import unpack_trits
     model = trained_like(tiny())
     files = np.load(__import__("io").BytesIO(artifacts.model_to_npz(model, tiny().to_dict())))
     trits, alpha = ql.ternary_quantize(model.weights(0))

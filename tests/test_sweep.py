@@ -355,14 +355,14 @@ def test_config_diff_names_the_dotted_fields_that_differ():
 
 
 def test_the_sweep_bench_suite_is_registered():
-    from qatlab import benchkit
+    from qatlab.bench import kit as benchkit
     assert "sweep" in benchkit.KNOWN_SUITES and benchkit.load_suite("sweep").name == "sweep"
 
 
 def test_bench_slot_overhead_counts_each_worker_up_to_its_last_run():
     from types import SimpleNamespace
 
-    from qatlab.bench_sweep import slot_overhead
+    from qatlab.bench.sweep import slot_overhead
 
     def task(run_id, worker, start, stop):
         return {"key": f"qatlab-run-{run_id}", "worker": worker,

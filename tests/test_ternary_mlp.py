@@ -7,7 +7,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from qatlab.ternary_mlp import TernaryMLP, pack_trits, unpack_trits
+from qatlab.nn.ternary_mlp import TernaryMLP, pack_trits, unpack_trits
 
 
 def _random_mlp(sizes, seed=0) -> TernaryMLP:

@@ -455,7 +455,8 @@ class RemoteRun(RunProgress):
     def _finish(self) -> None:
         """The task ended: the status is known at once (the run has stopped training); then the rows
         still on their way, the store's copy, and the result."""
-        from ..runs import RunResult, failure_message
+        from ..runs import failure_message
+        from ..train.result import RunResult
         fut = self._future
         out = None
         if fut.cancelled():          # stop() of a queued run, or this client closed under a started one

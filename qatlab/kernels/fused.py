@@ -5,7 +5,7 @@ call one by one from Python (absmean ternary projection, ``np.dot``, bias + acti
 loss, the activation derivative, the ternary STE, the optimizer update), in the same order on
 the same buffers, so a step gives the same numbers either way. What it saves is the Python
 between them: about twenty calls and their argument checks per step, a quarter of a 64-256-10
-step at batch 64. :class:`qatlab.fused.FusedStep` decides when it applies and keeps the Python
+step at batch 64. :class:`qatlab.train.fused_step.FusedStep` decides when it applies and keeps the Python
 objects (scratch, gradients, quantizer alphas, optimizer counters) in step with it.
 
 Runs of steps in one call: :func:`train_steps` (UPDATE steps, gathering each batch), and phase

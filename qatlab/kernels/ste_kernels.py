@@ -1,4 +1,4 @@
-r"""Numba kernels of the 2-layer ternary STE trainer (:class:`qatlab.train.ste.SteTrainer`).
+r"""Numba kernels of the 2-layer ternary STE trainer (:class:`qatlab.train.ste_trainer.SteTrainer`).
 
 Network (no biases), ``x`` (B, I), latents ``W1`` (H, I), ``W2`` (O, H)::
 
@@ -10,7 +10,7 @@ Network (no biases), ``x`` (B, I), latents ``W1`` (H, I), ``W2`` (O, H)::
     dQ2   = dy.T @ h                              (O, H)
     dh    = (dy @ Q(W2)) * [h > 0]                (B, H)
     dQ1   = dh.T @ x                              (H, I)
-    dW    = dQ * ste(W / alpha) * [|W| <= clip]   (STE factor as in :mod:`qatlab.ste`)
+    dW    = dQ * ste(W / alpha) * [|W| <= clip]   (STE factor as in :mod:`qatlab.quant.ste`)
     W    -= lr * dW
 
 ``ste`` codes (:attr:`qatlab.SteKind.code`), ``u = W * float32(1/alpha)``::

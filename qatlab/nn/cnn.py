@@ -22,7 +22,7 @@ import numbers
 
 import numpy as np
 
-from .. import parallel
+from ..runtime import parallel
 from ..kernels.conv import cols_to_nchw, maxpool_backward, maxpool_forward
 from ..kernels.dense import ACT_CODES, IDENTITY, RELU, act_backward_inplace, bias_act_inplace
 from .layers import (ConvGeom, by_chunks, by_images, conv_backward_chunk, conv_forward_chunk, grad_parts,

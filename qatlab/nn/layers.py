@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import fpmode, parallel
+from ..runtime import fpmode, parallel
 from ..kernels.conv import (bias_act_pool, col2im, cols_to_nchw, im2col, maxpool_backward, maxpool_forward,
                             nchw_to_cols, pool_to_cols)
 from ..kernels.dense import IDENTITY, bias_grad

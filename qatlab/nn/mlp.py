@@ -35,7 +35,7 @@ import numbers
 
 import numpy as np
 
-from .. import parallel
+from ..runtime import parallel
 from ..kernels.dense import (ACT_CODES, IDENTITY, act_backward_inplace, bias_act_inplace, mse,
                             scale_inplace, softmax_cross_entropy, sum_squares)
 
@@ -235,7 +235,7 @@ class Mlp(QuantizedLayers):
         valid until the next forward with it. x is converted to float32 if needed (a copy).
 
         Per layer: ``h = a @ W.T`` (NumPy BLAS; column blocks on several cores when large, see
-        :mod:`qatlab.parallel`) then one fused bias + activation kernel.
+        :mod:`qatlab.runtime.parallel`) then one fused bias + activation kernel.
         """
         x_in = x
         x = self._input(x, scratch)

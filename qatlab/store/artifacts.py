@@ -5,7 +5,7 @@ Arrays::
     meta            JSON text: format, version, sizes, activation, bias, init, image_shape (Cnn; else null)
     config          JSON text: the run's ExperimentConfig (rebuilds the quantizers)
     flat_params     float32 (num_params,)   the latent parameters (Mlp.flat_params layout)
-    w<i>_trits      uint8, packed 4 trits a byte (qatlab.ternary_mlp.pack_trits)  ternary layers
+    w<i>_trits      uint8, packed 4 trits a byte (qatlab.nn.ternary_mlp.pack_trits)  ternary layers
     w<i>_alpha      float32 ()                                                     ternary layers
     wq<i>_scale, wq<i>_zero_point[, wq<i>_min, wq<i>_max]    fake-quantized layers (scale, observer)
     aq<i>_scale, aq<i>_zero_point[, aq<i>_min, aq<i>_max]    hidden activation quantizers
@@ -33,7 +33,7 @@ def storable(model) -> bool:
 def model_to_npz(model, config: dict) -> bytes:
     """The ``.npz`` bytes of an :class:`~qatlab.nn.Mlp` or Cnn trained with ``config`` (a dict)."""
     from ..quant import FakeQuantize, TernaryQuantizer, ternary_quantize
-    from ..ternary_mlp import pack_trits
+    from ..nn.ternary_mlp import pack_trits
     if not storable(model):
         raise TypeError(f"model: the store saves qatlab.Mlp and Cnn models, got {type(model).__name__}")
     image_shape = getattr(model, "image_shape", None)

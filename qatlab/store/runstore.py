@@ -430,7 +430,7 @@ class RunStore:
 def record(result, store: RunStore | None = None, name: str | None = None, notes: str = "") -> str:
     """Keep a finished in-process ``ql.run_experiment`` RunResult in the store (config, history rows,
     final metrics, model); returns the run id."""
-    from ..runs import RunResult
+    from ..train.result import RunResult
     if not isinstance(result, RunResult):
         raise TypeError(f"result: expected a qatlab RunResult, got {type(result).__name__}")
     if not result.config:

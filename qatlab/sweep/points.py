@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import ExperimentConfig, _Config
-from ..ste import SteKind
+from ..quant.ste import SteKind
 
 SEED_FIELD = "optim.seed"
 RANGE_KINDS = ("uniform", "log_uniform", "int")

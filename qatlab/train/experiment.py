@@ -14,9 +14,9 @@ parameter (each metrics row, and after each block run) ends the run with status 
 and a message naming it and the step it was seen at; the memory the run needs is checked against
 a budget (:func:`qatlab.resources.check_memory`) once the data is loaded, before the model exists.
 
-A model that :class:`~qatlab.fused.FusedStep` covers (small, ternary or float weights, no LSQ
+A model that :class:`~qatlab.train.fused_step.FusedStep` covers (small, ternary or float weights, no LSQ
 scales) makes its full batches in runs that end at the next metrics row: each run is one
-:meth:`~qatlab.fused.FusedStep.steps` call that gathers the batches too, the same numbers as one
+:meth:`~qatlab.train.fused_step.FusedStep.steps` call that gathers the batches too, the same numbers as one
 call per step. With phase training, runs of WARMUP/FULL steps go the same way, and a predict
 block's steps go in one call to the block's end or the epoch's (:mod:`qatlab.train.phase_loop`):
 that kernel logs the block's metrics rows itself -- the row step's loss, time and each layer's
@@ -36,17 +36,18 @@ import numpy as np
 from ..config import ExperimentConfig
 from ..data import Dataset, load_dataset
 from ..diverged import NonFiniteError
-from ..fpmode import subnormals_flushed
-from ..fused import FusedStep
+from ..runtime.fpmode import subnormals_flushed
+from .fused_step import FusedStep
 from ..kernels.dense import count_correct, sum_squares, two_sign_counts
 from ..kernels.fused import LAYER_SUMS, layer_sums
 from ..kernels.phase_kernels import all_finite
-from ..metrics import MetricsLog
+from ..metrics import LAYER_METRICS, MetricsLog
 from ..nn import Mlp, cross_entropy_loss, mse_loss
 from ..optim import make_optimizer
 from ..resources import check_memory
-from ..quant import FLOAT32_EPS, SCALE_MAX, FakeQuantize, TernaryQuantizer, _noise_stats
+from ..quant import FLOAT32_EPS, SCALE_MAX, FakeQuantize, TernaryQuantizer, noise_stats
 from .build import build_model, check_cnn, set_observing
+from .result import RunResult
 
 EVAL_CHUNK = 1024
 SNAPSHOT_SECONDS = 0.5
@@ -74,13 +75,13 @@ class _Loss:
         return t
 
     def fused_block(self, y_train) -> dict:
-        """The keyword arguments of :meth:`~qatlab.fused.FusedStep.steps` on the training split."""
+        """The keyword arguments of :meth:`~qatlab.train.fused_step.FusedStep.steps` on the training split."""
         if not self.classify:
             return {"targets": np.ascontiguousarray(y_train, dtype=np.float32)}
         return {"labels": y_train, "onehot": self.kind != "cross_entropy"}
 
     def fused(self, targets) -> dict:
-        """The keyword arguments of a :class:`~qatlab.fused.FusedStep` call for this batch's targets."""
+        """The keyword arguments of a :class:`~qatlab.train.fused_step.FusedStep` call for this batch's targets."""
         if self.kind == "cross_entropy":
             return {"labels": targets}
         return {"targets": self._mse_targets(targets)}
@@ -157,10 +158,6 @@ def layer_row(mlp: Mlp, grads, scratch, i: int) -> dict:
     return _layer_row(mlp, grads, scratch, i)[0]
 
 
-#: Per-layer metrics of a row, in row order; layer i's column is ``<metric>_<i>`` (the dashboard reads these).
-LAYER_METRICS = ("grad_norm", "noise_mse", "sqnr_db", "saturation", "scale", "frac_neg", "frac_zero", "frac_pos")
-
-
 @functools.cache
 def _layer_keys(i: int) -> dict[str, str]:
     return {m: f"{m}_{i}" for m in LAYER_METRICS}
@@ -192,7 +189,7 @@ def _layer_row_of_sums(mlp: Mlp, i: int, sums: np.ndarray) -> tuple[dict, int]:
     row = {k["grad_norm"]: math.sqrt(sumsq)}
     n = mlp.weights(i).size
     if mlp.weight_quantizers[i] is not None:
-        row[k["noise_mse"]], row[k["sqnr_db"]], row[k["saturation"]] = _noise_stats(noise, saturated, signal, n)
+        row[k["noise_mse"]], row[k["sqnr_db"]], row[k["saturation"]] = noise_stats(noise, saturated, signal, n)
         row[k["scale"]] = alpha
     row[k["frac_neg"]], row[k["frac_zero"]], row[k["frac_pos"]] = neg / n, (n - neg - pos) / n, pos / n
     return row, int(g_nonzero)
@@ -225,7 +222,7 @@ def train_experiment(cfg: ExperimentConfig, log: MetricsLog | None = None, repor
     report(steps_done, total_steps) -> bool is called before every step, or before each run of
     steps made in one call (module doc: at most ``metrics_every``), and once at the end;
     publish_weights(dict) receives ``{"layer<i>": (latent W copy, quantized W copy)}`` about twice a second.
-    Runs with subnormal floats flushed to zero in the calling thread (:mod:`qatlab.fpmode`),
+    Runs with subnormal floats flushed to zero in the calling thread (:mod:`qatlab.runtime.fpmode`),
     restored afterwards.
     """
     with subnormals_flushed():
@@ -233,7 +230,6 @@ def train_experiment(cfg: ExperimentConfig, log: MetricsLog | None = None, repor
 
 
 def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weights):
-    from ..runs import RunResult
 
     cfg.validate()
     log = log if log is not None else MetricsLog()
@@ -256,7 +252,7 @@ def _train(cfg: ExperimentConfig, log: MetricsLog | None, report, publish_weight
     scratch, grads = mlp.scratch(bs), mlp.gradients(bs)
     n_eval = min(EVAL_CHUNK, data.n_test)   # a Cnn's evaluation scratch runs its convs in smaller chunks
     eval_scratch = mlp.scratch(n_eval) if isinstance(mlp, Mlp) else mlp.scratch(n_eval, backward=False)
-    # one Numba call per step for small models without LSQ scales (qatlab.fused); the same numbers
+    # one Numba call per step for small models without LSQ scales (qatlab.train.fused_step); the same numbers
     fused = FusedStep.build(mlp, scratch, grads, opt) if lsq is None and isinstance(mlp, Mlp) else None   # MLP only
     # FusedStep.steps() arguments: runs of full batches go in one call (module doc)
     block = loss_fn.fused_block(data.y_train) if fused is not None else None

@@ -54,17 +54,17 @@ A loop that owns its optimizer can skip the last pass of each: after one
 ``get_predicted_gradients(flat, clip=False)`` leaves the prediction unscaled; either way
 :attr:`PhaseTrainer.clip_scale` is the factor to apply, e.g. as
 ``optimizer.step(flat, grad_scale=pt.clip_scale)`` (what ``run_experiment`` does; for a model a
-:class:`~qatlab.fused.FusedStep` covers, a backward step is one fused call that writes the
+:class:`~qatlab.train.fused_step.FusedStep` covers, a backward step is one fused call that writes the
 gradient into :meth:`PhaseTrainer.real_gradient_buffer` itself, see :meth:`~PhaseTrainer.record_written`).
 
 Runs of steps in one call: :meth:`PhaseTrainer.backward_run` makes up to
 :meth:`PhaseTrainer.backward_run_length` WARMUP/FULL steps through one caller-supplied call (e.g.
-:meth:`qatlab.fused.FusedStep.steps`), :meth:`PhaseTrainer.predicted_steps` up to
+:meth:`qatlab.train.fused_step.FusedStep.steps`), :meth:`PhaseTrainer.predicted_steps` up to
 :meth:`PhaseTrainer.predict_run_length` PREDICT steps in one Numba call that also updates a
 :class:`qatlab.optim.Optimizer`, and :meth:`PhaseTrainer.predict_block_run` up to
 :meth:`PhaseTrainer.predict_block_length` steps of a predict block (its PREDICT and CORRECT
 steps, to the block's end, each CORRECT step's fold and anchor swap included) through one
-caller-supplied call (e.g. :meth:`qatlab.fused.FusedStep.predict_block`, which times the two kinds
+caller-supplied call (e.g. :meth:`qatlab.train.fused_step.FusedStep.predict_block`, which times the two kinds
 inside its kernel: :mod:`qatlab.kernels.clock`); each books its steps exactly as the per-step
 protocol above.
 
@@ -531,7 +531,7 @@ class PhaseTrainer:
     def real_gradient_buffer(self) -> np.ndarray:
         """The flat float32 (n,) array (``layout`` order) the step's real gradient is recorded
         into. A caller that writes the gradient there itself (a fused kernel that copies and
-        measures it while it updates: :class:`qatlab.fused.FusedStep` with ``stash=``) then calls
+        measures it while it updates: :class:`qatlab.train.fused_step.FusedStep` with ``stash=``) then calls
         :meth:`record_written`. A different array from one step to the next: ask every step."""
         return self._real
 
@@ -808,7 +808,7 @@ class PhaseTrainer:
         one call of ``make_steps(run: PredictBlock) -> steps made``, and book them as the per-step
         protocol would each. ``rows``: increasing step indices (0-based in the run) that log a metrics
         row; a PREDICT one measures its loss. E.g. ``make_steps = lambda run: fused.predict_block(X,
-        idx, B, run, labels=y)`` (:meth:`qatlab.fused.FusedStep.predict_block`; its kernel's doc says
+        idx, B, run, labels=y)`` (:meth:`qatlab.train.fused_step.FusedStep.predict_block`; its kernel's doc says
         what each step does).
 
         ``make_steps`` makes the PREDICT steps as :meth:`predicted_steps` does (into a flat float32

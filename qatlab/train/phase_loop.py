@@ -33,7 +33,7 @@ import math
 import numpy as np
 
 from ..config import PhaseConfig
-from ..fused import BACKWARD, FORWARD
+from .fused_step import BACKWARD, FORWARD
 from .phase import PhaseTrainer
 
 # PhaseTrainer.step_metrics() key -> MetricsLog column (the dashboard reads these names).

@@ -41,7 +41,7 @@ Run ids are the run store's (``RemoteRun.id``). Tabs are ``Overview``, ``STE com
 ``Quantization``, ``Phases``, ``Runs``, ``Sweeps``; a tab's figures are built and enter the page
 when the tab is opened, and only the open tab's runs are streamed.
 """
-from ..blas import limit_blas_threads  # noqa: F401  (re-exported; `import qatlab` applies it)
+from ..runtime.blas import limit_blas_threads  # noqa: F401  (re-exported; `import qatlab` applies it)
 from .base import LiveView, PlotOptions  # noqa: E402
 from .config_panel import ConfigPanel  # noqa: E402
 from .dashboard import DASHBOARDS, Dashboard  # noqa: E402

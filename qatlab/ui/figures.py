@@ -33,7 +33,7 @@ from bokeh.models.glyphs import Line, Scatter, Step, VStrip
 from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 
-from ..ste import SteKind
+from ..quant.ste import SteKind
 from .ranges import auto_range
 
 #: One colour per SteKind, the same in every plot and table.

@@ -126,7 +126,7 @@ class StoredRun(RunProgress):
 
     def result(self):
         """A RunResult of what the store holds (history, final metrics, status; no model)."""
-        from ..runs import RunResult
+        from ..train.result import RunResult
         return RunResult(history=self.log.columns(), final=dict(self.record.final), model=None,
                          status=self.status, message=self.message, config=public_config(self.record.config_dict))
 

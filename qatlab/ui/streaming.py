@@ -64,7 +64,7 @@ from bokeh.core.property.validation import validate
 from bokeh.core.serialization import Serializer
 from bokeh.models import ColumnDataSource
 
-from ..train.experiment import LAYER_METRICS
+from ..metrics import LAYER_METRICS
 from .figures import PHASE_COLORS, PHASE_NAMES
 
 DISPLAY_CAP = 1000

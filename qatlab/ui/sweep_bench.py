@@ -33,7 +33,7 @@ def rss_bytes() -> int:
 def fill_store(store, n: int = 200, rows: int = 60, name: str = "bench-view") -> str:
     """Store ``n`` finished runs of the sweep ``name`` (STE kind x bits x seeds); returns ``name``."""
     from ..config import ExperimentConfig
-    from ..runs import RunResult
+    from ..train.result import RunResult
     base = ExperimentConfig()
     base.quant.weights = "fake"
     per_seed = len(KINDS) * len(BITS)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import json
 
-from ..ste import SteKind
+from ..quant.ste import SteKind
 
 MAX_SEEDS = 100
 

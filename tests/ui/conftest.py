@@ -3,7 +3,7 @@
 Both skip with a reason when the browser stack is missing (no ``playwright`` python package,
 no ``/usr/bin/chromium``), unless ``QATLAB_REQUIRE_BROWSER=1`` is set (CI sets it): then they
 fail instead. Playwright's own browser downloads are never used (``executable_path`` is
-Debian's chromium); see :mod:`qatlab.bench_dashboard` for the shared helpers.
+Debian's chromium); see :mod:`qatlab.bench.dashboard` for the shared helpers.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from qatlab.bench_dashboard import ROOT, AppServer, DashboardPage, browser_unavailable, launch_chromium
+from qatlab.bench.browser import ROOT, AppServer, DashboardPage, browser_unavailable, launch_chromium
 
 
 def _require_browser() -> None:

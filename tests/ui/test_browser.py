@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 
-from qatlab.bench_dashboard import _JS_TEXT, ROOT, AppServer, DashboardPage, wait_for
+from qatlab.bench.browser import _JS_TEXT, ROOT, AppServer, DashboardPage, wait_for
 from qatlab.ui.config_panel import DEBOUNCE_S
 
 pytestmark = pytest.mark.browser

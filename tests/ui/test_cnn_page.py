@@ -15,7 +15,7 @@ import re
 import pytest
 
 import qatlab as ql
-from qatlab.bench_dashboard import DashboardPage, wait_for
+from qatlab.bench.browser import DashboardPage, wait_for
 from qatlab.ui.summary_view import config_summary
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

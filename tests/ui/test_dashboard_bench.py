@@ -14,8 +14,10 @@ import urllib.request
 
 import pytest
 
-from qatlab import bench, bench_dashboard as bd
-from qatlab.benchkit import BenchOptions, SuiteNotAvailable, load_suite
+from qatlab import bench
+
+from qatlab.bench import browser, dashboard as bd
+from qatlab.bench.kit import BenchOptions, SuiteNotAvailable, load_suite
 
 QUICK = BenchOptions(quick=True, repeats=1, warmup=0, min_time=0.0)
 
@@ -25,8 +27,8 @@ def test_suite_registered():
 
 
 def test_unavailable_without_chromium(monkeypatch):
-    monkeypatch.setattr(bd, "CHROMIUM", "/nonexistent/chromium")
-    assert "chromium not found" in bd.browser_unavailable()
+    monkeypatch.setattr(browser, "CHROMIUM", "/nonexistent/chromium")
+    assert "chromium not found" in browser.browser_unavailable()
     with pytest.raises(SuiteNotAvailable, match="chromium"):
         bd.run(QUICK)
 
@@ -61,7 +63,7 @@ def _get(base: str, path: str, timeout: float = 10) -> dict:
 @pytest.fixture(scope="module")
 def inspector():
     """The inspector served from this process; its base URL once it answers."""
-    port = bd.free_port()
+    port = browser.free_port()
     bd.serve_inspector(port)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 10

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from qatlab.bench_dashboard import ROOT, AppServer, DashboardPage, wait_for
+from qatlab.bench.browser import ROOT, AppServer, DashboardPage, wait_for
 from qatlab.ui.dashboard import TAB_NAMES
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -23,7 +23,7 @@ from bokeh.client import pull_session  # noqa: E402
 from panel.io.state import set_curdoc  # noqa: E402
 from qatlab.executor.remote import RemoteRun  # noqa: E402
 from qatlab.store import RunStore  # noqa: E402
-from qatlab.bench_dashboard import RUN_THREADS  # noqa: E402
+from qatlab.bench.dashboard import RUN_THREADS  # noqa: E402
 from qatlab.ui import Dashboard, RunsTable, template_kwargs  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore:The inplace keyword"), pytest.mark.slow]   # every test trains
@@ -320,7 +320,7 @@ def test_ended_runs_are_renamed_or_deleted_from_any_page_after_confirmation(page
 def served(chromium):
     """``panel serve app/`` with the inspector (the server process's runs and threads over HTTP) and
     Bokeh's unused sessions kept 20 s, as the dashboard bench runs it; one browser context."""
-    from qatlab.bench_dashboard import AppServer
+    from qatlab.bench.browser import AppServer
     server = AppServer(inspect=True, extra_args=["--check-unused-sessions", "1000",
                                                  "--unused-session-lifetime", "20000"])
     try:
@@ -336,7 +336,7 @@ def served(chromium):
 
 
 def _page(served, epochs: int):
-    from qatlab.bench_dashboard import DashboardPage
+    from qatlab.bench.browser import DashboardPage
     server, context = served
     page = DashboardPage(context.new_page(), server.url).open(timeout=120)
     page.set_input("Epochs", epochs)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qatlab.bench_dashboard import ROOT, AppServer, DashboardPage, wait_for
+from qatlab.bench.browser import ROOT, AppServer, DashboardPage, wait_for
 from qatlab.store import RunStore
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -199,7 +199,7 @@ def _active_tab(dash) -> str:
 @pytest.mark.browser
 @pytest.mark.slow
 def test_runs_tab_first_visited_after_a_run_and_start_keeping_the_tab(chromium, app_server):
-    from qatlab.bench_dashboard import DashboardPage
+    from qatlab.bench.browser import DashboardPage
     context = chromium.new_context(viewport={"width": 1400, "height": 900})
     try:
         dash = DashboardPage(context.new_page(), app_server.url)

@@ -513,7 +513,7 @@ def test_dashboard_shows_a_stored_run_in_overview_and_loads_its_config(store):
 def test_browser_runs_tab_lists_filters_and_overlays_the_store_and_a_reload_shows_the_same(open_app, tmp_path):
     import re as _re
 
-    from qatlab.bench_dashboard import wait_for
+    from qatlab.bench.browser import wait_for
     path = tmp_path / "runs.sqlite"
     with RunStore(path) as s:     # runs of an earlier process: a notebook's, one with notes and a model
         alpha = make_run(s, tiny(ste="tanh"), name="alpha run", n=30, notes="baseline", owner=OTHER_HOST, model=True)

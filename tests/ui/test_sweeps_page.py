@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from qatlab.bench_dashboard import ROOT, AppServer, DashboardPage, wait_for
+from qatlab.bench.browser import ROOT, AppServer, DashboardPage, wait_for
 
 SCREENSHOT = ROOT / "assets" / "sweeps.png"      # the README's picture of the Sweeps tab
 

@@ -52,38 +52,28 @@ the workers; its rendering load is part of what is measured.
 goal names say so. The suite is unavailable (``SuiteNotAvailable``) when Playwright or chromium
 is missing.
 
-The browser helpers here (:func:`launch_chromium`, :class:`AppServer`, :class:`DashboardPage`)
-are shared with ``tests/ui/test_browser.py``.
+The browser helpers (:class:`AppServer`, :class:`DashboardPage`, :func:`launch_chromium`) live in
+:mod:`qatlab.bench.browser`, shared with the browser tests.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
-from .benchkit import BenchOptions, Column, Goal, SuiteNotAvailable, SuiteResult, Table, suite
+from .browser import (INSPECT_ENV, VIEWPORT, AppServer, DashboardPage, browser_unavailable, http_status,
+                      launch_chromium, wait_until)
+from .kit import BenchOptions, Column, Goal, SuiteNotAvailable, SuiteResult, Table, suite
 
-ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = os.environ.get("QATLAB_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-VIEWPORT = {"width": 1400, "height": 900}
 # The page takes a second press of Start within 0.5 s of the first as a double click (and drops it);
 # a 1-epoch run can end sooner than that.
 PRESS_SPACING_S = 1.0
 STEPS_PER_EPOCH = 23        # digits: 1437 training samples / batch 64, rounded up
 DONE = ("finished", "stopped", "diverged", "failed")
-INSPECT_ENV = "QATLAB_INSPECT_PORT"
 #: Threads of the server that exist while a run is active there: a RemoteRun's monitor, a closed page's reaper.
 RUN_THREADS = ("qatlab-remote-", "qatlab-reaper-", "qatlab-start-")
 
@@ -122,146 +112,6 @@ QUICK = dict(rounds=1, epochs=300, mem_lo=4_000, mem_hi=20_000, sessions=4, sess
              cnn_rounds=1, cnn_epochs=1, runs_n=20, runs_warm=5)
 
 
-# ============================================================================ browser plumbing
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on localhost."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def browser_unavailable() -> str | None:
-    """Why the browser cannot run here (None when Playwright and chromium are both present)."""
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError as exc:
-        return f"playwright (python) is not importable: {exc}"
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        return f"chromium not found at {CHROMIUM} (apt-get install chromium, or set QATLAB_CHROMIUM)"
-    return None
-
-
-def launch_chromium(playwright):
-    """Headless Debian chromium through Playwright (never Playwright's own downloaded browsers)."""
-    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-
-
-def _http_status(url: str, timeout: float = 5.0) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            resp.read()
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, OSError):
-        return None
-
-
-class AppServer:
-    """``panel serve app/ --port <free port> --warm`` in a subprocess started from the repository root.
-
-    ``url`` is ``http://localhost:<port>/app``; ``probe_url`` a small static file of the same
-    server. :meth:`start` waits until the app answers 200 (or raises ``RuntimeError`` with the
-    server's log tail); :meth:`stop` terminates it (``kill`` after ``grace`` seconds), :meth:`kill`
-    sends it SIGKILL (a crash: nothing of it runs after). With ``inspect=True`` the server also runs
-    the inspector (see the module doc) on ``inspect_port``. ``env``: variables set for the server
-    on top of this process's environment (e.g. ``QATLAB_STORE``). Usable as a context manager.
-    """
-
-    def __init__(self, root: Path = ROOT, port: int | None = None, extra_args=(), inspect: bool = False,
-                 startup_timeout: float = 120.0, env: dict | None = None):
-        self.root = Path(root)
-        self.port = port or free_port()
-        self.url = f"http://localhost:{self.port}/app"
-        self.probe_url = f"http://localhost:{self.port}/static/extensions/panel/css/button.css"
-        self.extra_args = list(extra_args)
-        self.inspect_port = free_port() if inspect else None
-        self.startup_timeout = startup_timeout
-        self.env = {str(k): str(v) for k, v in (env or {}).items()}
-        self.proc: subprocess.Popen | None = None
-        self._log = tempfile.NamedTemporaryFile(prefix="qatlab-serve-", suffix=".log", delete=False)
-        self.log_path = Path(self._log.name)
-        self._setup: Path | None = None
-
-    def start(self) -> "AppServer":
-        cmd = [sys.executable, "-m", "panel", "serve", "app/", "--port", str(self.port), "--warm",
-               "--allow-websocket-origin", f"localhost:{self.port}",
-               "--allow-websocket-origin", f"127.0.0.1:{self.port}", *self.extra_args]
-        env = {**os.environ, **self.env}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")]))
-        if self.inspect_port:
-            fd, name = tempfile.mkstemp(prefix="qatlab-inspector-", suffix=".py")
-            with os.fdopen(fd, "w") as f:
-                f.write("from qatlab.bench_dashboard import serve_inspector\nserve_inspector()\n")
-            self._setup = Path(name)
-            cmd += ["--setup", name]
-            env[INSPECT_ENV] = str(self.inspect_port)
-        self.proc = subprocess.Popen(cmd, cwd=self.root, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"panel serve exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if _http_status(self.url, timeout=5.0) == 200:
-                return self
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError(f"panel serve did not answer {self.url} within {self.startup_timeout:.0f} s:\n"
-                           f"{self.log_tail()}")
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def kill(self, timeout: float = 10.0) -> None:
-        """SIGKILL the server (``kill -9``: no shutdown hook, no atexit) and reap it."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout)
-
-    def stop(self, grace: float = 10.0) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(grace)
-        self._log.close()
-        if self._setup is not None:
-            self._setup.unlink(missing_ok=True)
-
-    # ---------------------------------------------------------------- inspector client
-    def inspect(self, path: str = "/state", timeout: float = 30.0) -> dict:
-        """GET the inspector's JSON (``/state`` or ``/headless?epochs=N``)."""
-        if not self.inspect_port:
-            raise RuntimeError("AppServer: started without inspect=True")
-        for attempt in range(3):   # a snapshot can race a run or session being created: ask again
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.inspect_port}{path}", timeout=timeout) as resp:
-                    return json.loads(resp.read())
-            except urllib.error.HTTPError as exc:
-                if exc.code != 500 or attempt == 2:
-                    raise RuntimeError(f"inspector {path}: HTTP {exc.code}: {exc.read()[:300]!r}") from None
-                time.sleep(0.2)
-
-    def runs(self, ids=None, config: bool = False) -> dict[str, dict]:
-        """``{run id: run dict}`` of the server process's runs (every RemoteRun its pages or the
-        inspector started that the inspector has seen, see :class:`_RunTracker`; only ``ids``, when
-        given); with their config dicts only when ``config``."""
-        query = f"?config={int(config)}" + (f"&ids={','.join(ids)}" if ids is not None else "")
-        return {r["id"]: r for r in self.inspect("/state" + query)["runs"]}
-
-    def __enter__(self) -> "AppServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
 # ============================================================================ inspector (server side)
 
 
@@ -296,7 +146,7 @@ class _RunTracker:
                 self._live.setdefault(rid, run)
 
     def _collect(self) -> None:
-        from .executor.remote import active_runs
+        from ..executor.remote import active_runs
         ui = sys.modules.get("qatlab.ui.dashboard")
         found = list(active_runs())
         for dash in list(ui.DASHBOARDS) if ui is not None else []:
@@ -410,9 +260,9 @@ def _inspector_state(ids=None, config: bool = True) -> dict:
 def _inspector_headless(epochs: int, kind: str = "digits") -> dict:
     """One STE comparison of :func:`bench_config` as a page starts it (a RemoteRun per SteKind on the
     server's Dask client and store, submitted together), with no page: the bench's reference."""
-    from .config import SteKind
-    from .executor import RemoteRun, connect
-    from .executor.remote import default_store
+    from ..config import SteKind
+    from ..executor import RemoteRun, connect
+    from ..executor.remote import default_store
     client, store, cfg = connect(), default_store(), bench_config(epochs, kind=kind)
     runs = []
     try:
@@ -492,7 +342,7 @@ def bench_config(epochs: int, metrics_every: int | None = None, kind: str = "dig
     """The experiment the bench trains: ``digits`` is ``ExperimentConfig()`` (the digits MLP every earlier
     session measured; a row every 10 steps), ``cnn`` the page's default ``dashboard_config()`` (ternary
     CNN on mnist; a row every 5 steps); ``epochs`` (and ``metrics_every``, when given) set."""
-    from .config import ExperimentConfig, dashboard_config
+    from ..config import ExperimentConfig, dashboard_config
     if kind not in BENCH_KINDS:
         raise ValueError(f"kind: must be one of {BENCH_KINDS}, got {kind!r}")
     cfg = ExperimentConfig() if kind == "digits" else dashboard_config()
@@ -519,227 +369,6 @@ def set_page_config(dp: "DashboardPage", epochs: int, metrics_every: int | None 
     dp.set_input("Epochs", epochs)
 
 
-_JS_SOURCES = """(prefix) => {
-  const out = {};
-  for (const doc of Bokeh.documents) {
-    for (const m of doc.all_models) {
-      if (typeof m.name === 'string' && m.name.startsWith(prefix) && m.data != null) {
-        const cols = Object.keys(m.data);
-        out[m.name] = cols.length ? m.data[cols[0]].length : 0;
-      }
-    }
-  }
-  return out;
-}"""
-
-_JS_MODEL_NAMES = """(prefix) => {
-  const out = [];
-  for (const doc of Bokeh.documents)
-    for (const m of doc.all_models)
-      if (typeof m.name === 'string' && m.name.startsWith(prefix)) out.push(m.name);
-  return out.sort();
-}"""
-
-_JS_INPUT_VALUE = """(title) => {
-  for (const doc of Bokeh.documents)
-    for (const m of doc.all_models)
-      if (m.title === title && 'value' in m) return m.value;
-  return null;
-}"""
-
-_JS_TEXT_WALK = """const parts = [];
-  const walk = (n) => {
-    if (n.shadowRoot) walk(n.shadowRoot);
-    for (const c of n.childNodes) {
-      if (c.nodeType === 3) parts.push(c.textContent);
-      else if (c.nodeType === 1 && c.tagName === 'BR') parts.push('\\n');
-      else if (c.nodeType === 1 && !['STYLE', 'SCRIPT', 'LINK', 'TEMPLATE'].includes(c.tagName)) walk(c);
-      else if (c.nodeType === 11) walk(c);
-    }
-  };"""
-
-_JS_TEXT = "(el) => { " + _JS_TEXT_WALK + " walk(el); return parts.join(' '); }"
-_JS_BODY_TEXT = "() => { " + _JS_TEXT_WALK + " walk(document.body); return parts.join(' '); }"
-
-_JS_POLL_START = """(prefix) => {
-  window.__qatlab_poll && clearInterval(window.__qatlab_poll);
-  const seen = {}, changes = {};
-  let sources = [], tick = 0;
-  window.__qatlab_changes = changes;
-  window.__qatlab_poll = setInterval(() => {
-    if (tick++ % 25 === 0) {   // find the sources every 0.5 s; read their lengths every 20 ms
-      sources = [];
-      for (const doc of Bokeh.documents) for (const m of doc.all_models) {
-        if (typeof m.name === 'string' && m.name.startsWith(prefix) && m.data != null) sources.push(m);
-      }
-    }
-    const now = performance.now();
-    for (const m of sources) {
-      const cols = Object.keys(m.data);
-      const n = cols.length ? m.data[cols[0]].length : 0;
-      if (seen[m.name] !== n) {
-        if (seen[m.name] !== undefined || n > 0) (changes[m.name] = changes[m.name] || []).push([now, n]);
-        seen[m.name] = n;
-      }
-    }
-  }, 20);
-  return true;
-}"""
-
-_JS_POLL_STOP = """() => { clearInterval(window.__qatlab_poll); window.__qatlab_poll = null;
-  return window.__qatlab_changes || {}; }"""
-
-# Click-to-response: the next click anywhere in the page (captured on the way down) starts the clock;
-# the page's tabs model switching away from the active tab (Compare STE kinds opens the STE tab once
-# its runs are started on the server) stops it. Polled every 5 ms in the page.
-_JS_ARM_RESPONSE = """() => {
-  let tabs = null;
-  for (const doc of Bokeh.documents) for (const m of doc.all_models)
-    if (Array.isArray(m.tabs) && m.tabs.some((t) => t.title === 'STE comparison')) tabs = m;
-  if (tabs === null) return false;
-  const first = tabs.active;
-  window.__qatlab_click = null; window.__qatlab_response = null;
-  document.addEventListener('click', () => {
-    if (window.__qatlab_click === null) window.__qatlab_click = performance.now();
-  }, {capture: true});
-  const poll = setInterval(() => {
-    if (window.__qatlab_click !== null && tabs.active !== first) {
-      window.__qatlab_response = performance.now();
-      clearInterval(poll);
-    }
-  }, 5);
-  return true;
-}"""
-
-_JS_RESPONSE = """() => (window.__qatlab_click === null || window.__qatlab_response == null) ? null
-  : (window.__qatlab_response - window.__qatlab_click) / 1000"""
-
-
-class DashboardPage:
-    """One dashboard page driven through its stable labels (see ``qatlab.ui``'s docstrings).
-
-    Records console errors, page errors and every request URL / websocket URL, so a test can
-    assert the page stayed error-free and air-gapped.
-    """
-
-    def __init__(self, page, url: str):
-        self.page = page
-        self.url = url
-        self.console_errors: list[str] = []
-        self.requests: list[str] = []
-        self.websockets: list[str] = []
-        page.on("console", lambda m: self.console_errors.append(f"console.{m.type}: {m.text}")
-                if m.type == "error" else None)
-        page.on("pageerror", lambda e: self.console_errors.append(f"pageerror: {e}"))
-        page.on("request", lambda r: self.requests.append(r.url))
-        page.on("requestfailed", lambda r: self.console_errors.append(f"request failed: {r.url} ({r.failure})"))
-        page.on("websocket", lambda ws: self.websockets.append(ws.url))
-
-    def open(self, timeout: float = 60.0) -> "DashboardPage":
-        """Navigate and wait until the Bokeh document is rendered and ``Start`` is visible."""
-        self.page.goto(self.url, timeout=timeout * 1000)
-        return self.wait_ready(timeout)
-
-    def wait_ready(self, timeout: float = 60.0) -> "DashboardPage":
-        self.page.wait_for_function("() => window.Bokeh && Bokeh.documents && Bokeh.documents.length > 0",
-                                    timeout=timeout * 1000)
-        self.button("Start").wait_for(state="visible", timeout=timeout * 1000)
-        return self
-
-    # --------------------------------------------------------------------- widgets
-    def button(self, name: str):
-        return self.page.get_by_role("button", name=name, exact=True)
-
-    def click(self, name: str) -> None:
-        self.button(name).click()
-
-    def set_input(self, label: str, value, timeout: float = 10.0) -> None:
-        """Type ``value`` into the numeric/text input labelled ``label`` and commit it (Enter).
-
-        Typed again while the page does not hold it: a card re-laid out by the server between the
-        typing and the Enter (a select just before, under load) renders the input anew, empty."""
-        deadline = time.monotonic() + timeout
-        box = self.page.get_by_label(label, exact=True)
-        while True:
-            box.fill(str(value))
-            box.press("Enter")
-            try:
-                return self._wait_value(label, value, min(2.0, max(0.1, deadline - time.monotonic())))
-            except AssertionError:
-                if time.monotonic() >= deadline:
-                    raise
-
-    def select(self, label: str, option: str, timeout: float = 10.0) -> None:
-        """Choose ``option`` in the select labelled ``label``."""
-        self.page.get_by_label(label, exact=True).select_option(option)
-        self._wait_value(label, option, timeout)
-
-    def _wait_value(self, label: str, value, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        got = None
-        while time.monotonic() < deadline:
-            got = self.page.evaluate(_JS_INPUT_VALUE, label)
-            if got is not None and (str(got) == str(value) or _close(got, value)):
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"widget {label!r}: value is {got!r} in the page, expected {value!r}")
-
-    # --------------------------------------------------------------------- reading
-    def text_of(self, css: str) -> str:
-        """Text of the first element matching ``css`` (shadow roots included), whitespace collapsed."""
-        return " ".join(self.page.locator(css).first.evaluate(_JS_TEXT).split())
-
-    def status(self) -> str:
-        """The sidebar status without its ``Status:`` prefix or messages, e.g. ``running (2 running, 2 finished)``."""
-        first = " ".join(self.page.locator(".qatlab-status").first.evaluate(_JS_TEXT).split("\n")[0].split())
-        return first.split("Status:", 1)[1].strip() if "Status:" in first else first
-
-    def wait_status(self, predicate, timeout: float = 60.0, what: str = "") -> str:
-        deadline = time.monotonic() + timeout
-        status = ""
-        while time.monotonic() < deadline:
-            status = self.status()
-            if predicate(status):
-                return status
-            time.sleep(0.1)
-        raise AssertionError(f"status did not become {what or predicate} within {timeout:.0f} s: {status!r}")
-
-    def source_lengths(self, prefix: str = "loss-source-") -> dict[str, int]:
-        """``{model name: rows}`` of every ColumnDataSource in ``Bokeh.documents`` named ``prefix...``."""
-        return self.page.evaluate(_JS_SOURCES, prefix)
-
-    def model_names(self, prefix: str) -> list[str]:
-        return self.page.evaluate(_JS_MODEL_NAMES, prefix)
-
-    def start_update_counter(self, prefix: str = "loss-source-") -> None:
-        """Poll source lengths every 20 ms in the page, recording each change."""
-        self.page.evaluate(_JS_POLL_START, prefix)
-
-    def stop_update_counter(self) -> dict[str, list]:
-        """``{source name: [[t_ms, rows], ...]}`` recorded since :meth:`start_update_counter`."""
-        return self.page.evaluate(_JS_POLL_STOP)
-
-    def arm_click_response(self) -> None:
-        """Start timing the next click until the page switches tabs (see ``_JS_ARM_RESPONSE``)."""
-        if not self.page.evaluate(_JS_ARM_RESPONSE):
-            raise AssertionError("no tabs model with an 'STE comparison' tab in the page")
-
-    def click_response_s(self) -> float | None:
-        """Seconds from the armed click to the tab switch, None until both happened."""
-        return self.page.evaluate(_JS_RESPONSE)
-
-    def body_text(self) -> str:
-        """All text in the page, shadow roots included."""
-        return " ".join(self.page.evaluate(_JS_BODY_TEXT).split())
-
-
-def _close(a, b) -> bool:
-    try:
-        return math.isclose(float(a), float(b), rel_tol=1e-9)
-    except (TypeError, ValueError):
-        return False
-
-
 def update_rates(changes: dict[str, list]) -> dict[str, float]:
     """Updates per second of each source from ``[[t_ms, rows], ...]`` change records."""
     rates = {}
@@ -752,26 +381,6 @@ def update_rates(changes: dict[str, list]) -> dict[str, float]:
 
 
 # ============================================================================ measurements
-
-
-def wait_for(fn, timeout: float, what: str, step: float = 0.1):
-    """Poll ``fn`` until it returns a truthy value (returned) or assert after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    value = fn()
-    while not value and time.monotonic() < deadline:
-        time.sleep(step)
-        value = fn()
-    assert value, f"timed out after {timeout:.0f} s waiting for {what}"
-    return value
-
-
-def _wait(predicate, timeout: float, step: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return bool(predicate())
 
 
 def _group_throughput(runs: list[dict]) -> dict:
@@ -937,7 +546,7 @@ class _Prober(threading.Thread):
         while not self._halt.is_set():
             t = time.perf_counter()
             self.started.append(time.monotonic())
-            status = _http_status(self.url, timeout=self.timeout)
+            status = http_status(self.url, timeout=self.timeout)
             self.results.append((time.perf_counter() - t, status))
             self._halt.wait(self.period)
 
@@ -995,7 +604,7 @@ def _sessions(browser, server: AppServer, n: int, epochs: int, timeout: float) -
         phases["runs training"] = time.monotonic()
         responses = []
         for dp in pages:
-            _wait(lambda: dp.click_response_s() is not None, timeout=60, step=0.05)
+            wait_until(lambda: dp.click_response_s() is not None, timeout=60, step=0.05)
             responses.append(dp.click_response_s())
         out["click_response_s"] = responses
         known = [r for r in responses if r is not None]
@@ -1021,7 +630,7 @@ def _sessions(browser, server: AppServer, n: int, epochs: int, timeout: float) -
     # --- after close: sessions destroyed, nothing running
     t_close = time.monotonic()
     phases["pages closed"] = t_close
-    _wait(lambda: not any(_leftovers(server, dash_before).values()), timeout=UNUSED_LIFETIME_MS / 1000 + 60, step=0.25)
+    wait_until(lambda: not any(_leftovers(server, dash_before).values()), timeout=UNUSED_LIFETIME_MS / 1000 + 60, step=0.25)
     left = _leftovers(server, dash_before)
     out.update(cleanup_s=time.monotonic() - t_close, left=left, cleanup_ok=not any(left.values()))
 
@@ -1035,12 +644,12 @@ def _sessions(browser, server: AppServer, n: int, epochs: int, timeout: float) -
         before = set(server.runs())
         dp.click("Compare STE kinds")
         mid = [r["id"] for r in _new_runs(server, before, 4)]
-        _wait(lambda: all(server.runs()[i]["steps_done"] > 0 for i in mid), timeout=60)
+        wait_until(lambda: all(server.runs()[i]["steps_done"] > 0 for i in mid), timeout=60)
     finally:
         t_close = time.time()
         ctx.close()
     runs = _wait_done(server, mid, UNUSED_LIFETIME_MS / 1000 + 60)
-    _wait(lambda: not any(_leftovers(server, dash_before).values()), timeout=60, step=0.1)
+    wait_until(lambda: not any(_leftovers(server, dash_before).values()), timeout=60, step=0.1)
     out["midrun_cleanup_s"] = time.time() - t_close
     # when the last of them ended on the server (its result stored), after the page began to close
     out["midrun_stop_s"] = max((r["finished_at"] or math.inf) for r in runs) - t_close
@@ -1066,7 +675,7 @@ def _start_and_wait(dp: DashboardPage, server: AppServer, timeout: float = 120.0
     run = _wait_done(server, [rid], timeout)[0]
     out = {"run": rid, "server_status": run["status"], "message": run["message"]}
     name = run["name"]      # the alert names the run (a RemoteRun's default name: its id's first 8 characters)
-    shown = _wait(lambda: name in dp.text_of(".qatlab-run-alert") and run["status"] in dp.text_of(".qatlab-run-alert"),
+    shown = wait_until(lambda: name in dp.text_of(".qatlab-run-alert") and run["status"] in dp.text_of(".qatlab-run-alert"),
                   timeout=timeout, step=0.2)
     out["alert"] = dp.text_of(".qatlab-run-alert")
     out["page_status"] = dp.status() if shown else f"page never showed {run['status']}: {out['alert'][:120]}"
@@ -1090,7 +699,7 @@ def _divergence(browser, server: AppServer) -> dict:
     finally:
         ctx.close()
     # the server keeps serving: a fresh page loads and a short run finishes
-    out["http_after"] = _http_status(server.url, timeout=10)
+    out["http_after"] = http_status(server.url, timeout=10)
     ctx = browser.new_context(viewport=VIEWPORT)
     try:
         dp = DashboardPage(ctx.new_page(), server.url).open()

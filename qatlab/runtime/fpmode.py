@@ -10,7 +10,7 @@ whole run took 1.6x as long.
 :func:`flush_subnormals` sets the SSE control register's FTZ (results that would be subnormal
 become 0) and DAZ (subnormal inputs read as 0) bits for the calling thread only, as
 ``torch.set_flush_denormal(True)`` does; the training thread of every run turns it on, and
-:mod:`qatlab.parallel` runs a split's slices in the caller's mode, so a split and an unsplit
+:mod:`qatlab.runtime.parallel` runs a split's slices in the caller's mode, so a split and an unsplit
 computation give the same bits. Values that small change a float32 training step by less than
 one part in 1e30. Other threads (a notebook's, the tests') keep IEEE semantics.
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .benchkit import BenchOptions, Column, Goal, SuiteResult, Table, suite
+from .kit import BenchOptions, Column, Goal, SuiteResult, Table, suite
 
 EPOCHS = 1000               # ~23k steps: a few seconds, many store flushes
 ROWS_EVERY = (1, 10)
@@ -38,7 +38,7 @@ READ_COLUMNS = [Column("state", "run"), Column("rows", "rows"), Column("columns"
 
 
 def bench_config(epochs: int, metrics_every: int):
-    from .config import ExperimentConfig
+    from ..config import ExperimentConfig
     cfg = ExperimentConfig()
     cfg.optim.epochs, cfg.metrics_every = epochs, metrics_every
     return cfg
@@ -49,14 +49,14 @@ def _rate(final: dict) -> float:
 
 
 def rate_in_memory(cfg) -> float:
-    from .runs import run_experiment
+    from ..runs import run_experiment
     return _rate(run_experiment(cfg).final)
 
 
 def rate_to_store(cfg, tmp: Path) -> tuple[float, int]:
     """Train ``cfg`` with ``python -m qatlab run`` into a new store; (steps/s, rows stored)."""
-    from .__main__ import main
-    from .store import RunStore
+    from ..__main__ import main
+    from ..store import RunStore
     path, store_path = tmp / f"cfg-{time.monotonic_ns()}.json", tmp / f"runs-{time.monotonic_ns()}.sqlite"
     path.write_text(json.dumps(cfg.to_dict()))
     with contextlib.redirect_stderr(io.StringIO()):          # (the progress bar)
@@ -86,7 +86,7 @@ def logging_cost(epochs: int, repeats: int, tmp: Path) -> list[dict]:
 
 def _history_rows(n: int) -> list[dict]:
     """``n`` rows with a default run's columns: a real run's rows repeated, steps renumbered."""
-    from .runs import run_experiment
+    from ..runs import run_experiment
     history = run_experiment(bench_config(40, 1)).history
     keys = [k for k in history if k != "row_id"]
     real = [{k: float(history[k][i]) for k in keys if history[k][i] == history[k][i]}
@@ -104,8 +104,8 @@ def _read_ms(store, run_id: str, reads: int = 5) -> list[float]:
 
 
 def history_reads(n_rows: int, tmp: Path) -> list[dict]:
-    from .runs import RunResult
-    from .store import RunStore
+    from ..train.result import RunResult
+    from ..store import RunStore
     rows = _history_rows(n_rows)
     out = []
     with RunStore(tmp / "history.sqlite") as store:

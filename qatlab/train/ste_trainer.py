@@ -28,10 +28,10 @@ import numpy as np
 from ..config import QatConfig
 from ..kernels import ste_kernels as K
 from ..quant import ternary_quantize
-from ..ste import SteKind
-from ..ternary_mlp import TernaryMLP, _as_batch
+from ..quant.ste import SteKind
+from ..nn.ternary_mlp import TernaryMLP, _as_batch
 
-logger = logging.getLogger("qatlab.train.ste")
+logger = logging.getLogger("qatlab.train.ste_trainer")
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ class SteTrainer:
         Each epoch visits the samples in an order from ``np.random.default_rng(config.seed)``
         (seeded afresh per call, so equal configs give identical runs); the last batch of an
         epoch may be short. Every ``config.log_every`` epochs the loss is logged at INFO on
-        ``qatlab.train.ste``. A non-finite loss stops training (``diverged``), never raises.
+        ``qatlab.train.ste_trainer``. A non-finite loss stops training (``diverged``), never raises.
         """
         X, T = self._dataset(samples)
         cfg = self.config

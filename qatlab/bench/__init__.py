@@ -14,8 +14,8 @@ Usage::
 Options: ``--out PATH`` (a file; with ``all``, a directory), ``--quick``,
 ``--repeats N`` (timing samples per measurement), ``--min-time S`` (seconds per
 sample), ``--sizes N,N,..`` (override the suite's problem sizes), ``--strict``
-(exit 1 when a goal is missed). Each suite lives in ``qatlab/bench_<name>.py``
-and registers itself with :func:`qatlab.benchkit.suite`; see :mod:`qatlab.benchkit`.
+(exit 1 when a goal is missed). Each suite lives in ``qatlab/bench/<name>.py``
+and registers itself with :func:`qatlab.bench.kit.suite`; see :mod:`qatlab.bench.kit`.
 
 Exit status: 0 when every requested suite ran (goal misses are reported, not
 fatal, unless ``--strict``); 1 when a named suite is not available or a goal was
@@ -27,8 +27,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import benchkit
-from .benchkit import BenchOptions, SuiteNotAvailable
+from . import kit
+from .kit import BenchOptions, SuiteNotAvailable
 
 DEFAULT_DIR = Path("bench-results")
 
@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m qatlab.bench``."""
     p = argparse.ArgumentParser(prog="python -m qatlab.bench",
                                 description="qatlab benchmarks: aligned tables on stdout, JSON on disk.")
-    p.add_argument("suite", nargs="?", help="suite name (" + ", ".join(benchkit.KNOWN_SUITES) + ") or 'all'")
+    p.add_argument("suite", nargs="?", help="suite name (" + ", ".join(kit.KNOWN_SUITES) + ") or 'all'")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON output file (default bench-results/<suite>.json); with 'all', a directory")
     p.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
@@ -90,17 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_suite(name: str, opts: BenchOptions, out: Path, stream=None) -> benchkit.SuiteResult:
+def run_suite(name: str, opts: BenchOptions, out: Path, stream=None) -> kit.SuiteResult:
     """Run suite ``name``, print its report to ``stream`` (stdout) and write its JSON to ``out``.
 
-    Raises :class:`~qatlab.benchkit.SuiteNotAvailable` when the suite cannot run.
+    Raises :class:`~qatlab.bench.kit.SuiteNotAvailable` when the suite cannot run.
     """
     stream = sys.stdout if stream is None else stream
-    spec = benchkit.load_suite(name)
+    spec = kit.load_suite(name)
     result = spec.fn(opts)
-    info = benchkit.machine_info()
-    print(benchkit.report_text(name, result, info), file=stream)
-    path = benchkit.write_json(out, benchkit.result_payload(name, result, opts, info))
+    info = kit.machine_info()
+    print(kit.report_text(name, result, info), file=stream)
+    path = kit.write_json(out, kit.result_payload(name, result, opts, info))
     print(f"\nwrote {path}", file=stream, flush=True)
     return result
 
@@ -110,8 +110,8 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.list:
-        for name, spec in benchkit.available_suites().items():
-            status = spec.description if isinstance(spec, benchkit.SuiteSpec) else f"(unavailable: {spec})"
+        for name, spec in kit.available_suites().items():
+            status = spec.description if isinstance(spec, kit.SuiteSpec) else f"(unavailable: {spec})"
             print(f"{name:12s} {status}")
         return 0
     if not args.suite:
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
 
     if args.suite == "all":
         out_dir = args.out if args.out is not None else DEFAULT_DIR
-        names = list(benchkit.available_suites())
+        names = list(kit.available_suites())
         ran, missed = [], False
         for name in names:
             try:
@@ -149,6 +149,3 @@ def main(argv=None) -> int:
     missed = any(g.passed is False for g in result.goals)
     return 1 if (args.strict and missed) else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,7 +6,7 @@ layer is linear::
 
     a_0 = x;   a_{i+1} = relu(a_i @ W_i.T)  (hidden);   y = a_{L-1} @ W_{L-1}.T
 
-This is the network :class:`qatlab.train.ste.SteTrainer` trains; both run the same kernel
+This is the network :class:`qatlab.train.ste_trainer.SteTrainer` trains; both run the same kernel
 (:func:`qatlab.kernels.ste_kernels.dense`), so ``trainer.finalize().forward(x)`` equals the
 trainer's fake-quant forward bit for bit.
 
@@ -29,7 +29,7 @@ import zlib
 
 import numpy as np
 
-from .kernels import ste_kernels as K
+from ..kernels import ste_kernels as K
 
 FORMAT = "qatlab.TernaryMLP"
 VERSION = 1

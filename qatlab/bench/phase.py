@@ -33,7 +33,7 @@ reported in the ``deterministic`` field). Columns:
   column ``pred_cosine``; ``cos>0`` the share of those corrections with a positive cosine.
 
 On goal workloads a table says how far the real gradients carry over from step to step along full
-backprop (:mod:`qatlab.bench_predictability`): the limit of any prediction from them.
+backprop (:mod:`qatlab.bench.predictability`): the limit of any prediction from them.
 
 Another table per workload says where the time goes: milliseconds per backward step and per
 predicted step (PhaseTrainer's begin_step..end_step timers, or its runs' per step, from ``log.meta["phase_stats"]``),
@@ -63,16 +63,16 @@ from typing import Any
 
 import numpy as np
 
-from . import config as C
-from .bench_predictability import LAGS, gradient_predictability
-from .benchkit import BenchOptions, Column, Goal, SuiteResult, Table, measure_many, suite
-from .data import load_dataset
-from .nn import cross_entropy_loss
-from .optim import make_optimizer
-from .runs import LocalRun
-from .train.build import build_model
-from .train.experiment import layer_row
-from .train.predictors import make_predictor
+from .. import config as C
+from .predictability import LAGS, gradient_predictability
+from .kit import BenchOptions, Column, Goal, SuiteResult, Table, measure_many, suite
+from ..data import load_dataset
+from ..nn import cross_entropy_loss
+from ..optim import make_optimizer
+from ..runs import LocalRun
+from ..train.build import build_model
+from ..train.experiment import layer_row
+from ..train.predictors import make_predictor
 
 DIGITS_EPOCHS = 40
 QUICK_DIGITS_EPOCHS = 8
@@ -591,7 +591,7 @@ def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeat
 
 
 def _why_predictability(wl: Workload, pred: dict, tag: str) -> str:
-    """Note on :func:`~qatlab.bench_predictability.gradient_predictability`'s measurement."""
+    """Note on :func:`~qatlab.bench.predictability.gradient_predictability`'s measurement."""
     lags = ", ".join(f"{pred[f'lag_{k}']:+.2f} at {k}" for k in LAGS)
     return (f"why ({wl.key}{tag}): along full backprop a real minibatch gradient has mean cosine {lags} "
             f"steps ahead (the momentum predictor's formula, one step ahead: {pred['momentum']:+.2f}); a "

@@ -9,7 +9,7 @@ SteKind for ternary and 4-bit per-channel at seed 0. mnist1d: a float CNN (three
 same optimizer, 30 epochs, the dataset's own 4000/1000 split, mean over the same seeds.
 
 Every run goes through ``ql.run_experiment(cfg)``. When torch is importable the mnist main runs are
-also trained by the PyTorch eager twin (:func:`qatlab.bench_torch_ref.train_cnn`: same split, same
+also trained by the PyTorch eager twin (:func:`qatlab.bench.torch_ref.train_cnn`: same split, same
 initial weights, same batch order, identity STE). Quick mode: 1 epoch, seed 0 only.
 """
 from __future__ import annotations
@@ -17,12 +17,12 @@ from __future__ import annotations
 import math
 import statistics
 
-from . import config as C
-from .benchkit import Column, Goal, Table
-from .data import load_dataset
-from .nn.cnn import Cnn
-from .runs import run_experiment
-from .ste import SteKind
+from .. import config as C
+from .kit import Column, Goal, Table
+from ..data import load_dataset
+from ..nn.cnn import Cnn
+from ..runs import run_experiment
+from ..quant.ste import SteKind
 
 MNIST_EPOCHS = 20
 MNIST1D_EPOCHS = 30
@@ -76,7 +76,7 @@ def qatlab_run(cfg: C.ExperimentConfig) -> dict:
 
 def torch_run(ds, cfg: C.ExperimentConfig) -> dict:
     """The PyTorch twin of ``cfg`` (a cnn recipe) from qatlab's initial weights for its seed."""
-    from . import bench_torch_ref as ref
+    from . import torch_ref as ref
 
     m, q = cfg.model, cfg.quant
     init = Cnn(ds.image_shape, m.conv_channels, ds.n_outputs, hidden=m.hidden, kernel_size=m.kernel_size,

@@ -5,10 +5,10 @@ max-pool 2, linear 512->10; cross-entropy, Adam lr 1e-3, batch 64 of 28x28 image
 forward, loss, backward (no input gradient) and the optimizer update, for float weights, 4-bit fake
 per output channel (symmetric, min/max scale each step) and ternary (absmean), all identity STE.
 
-Measured side by side in one run (:func:`~qatlab.benchkit.measure_many` interleaves the samples):
+Measured side by side in one run (:func:`~qatlab.bench.kit.measure_many` interleaves the samples):
 
 * **qatlab**: :class:`~qatlab.nn.cnn.Cnn` with its scratch/gradient buffers and :class:`~qatlab.optim.Adam`;
-* **PyTorch eager** (when importable): :class:`~qatlab.bench_torch_ref.TorchCnn` from the same initial
+* **PyTorch eager** (when importable): :class:`~qatlab.bench.torch_ref.TorchCnn` from the same initial
   weights, at 1 thread and at torch's default thread count; the goal compares with the faster;
 * **floor**: the step's matrix products only, in numpy on im2col matrices built beforehand
   (conv1 forward and weight gradient, conv2 forward, weight and input gradients, linear forward
@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import config as C
-from . import parallel
-from .benchkit import BenchOptions, Column, Goal, SuiteResult, Table, measure_many, suite
-from .nn import cross_entropy_loss
-from .nn.cnn import Cnn
-from .nn.layers import CHUNK_IMAGES
-from .optim import Adam
-from .train.build import weight_quantizer
+from .. import config as C
+from ..runtime import parallel
+from .kit import BenchOptions, Column, Goal, SuiteResult, Table, measure_many, suite
+from ..nn import cross_entropy_loss
+from ..nn.cnn import Cnn
+from ..nn.layers import CHUNK_IMAGES
+from ..optim import Adam
+from ..train.build import weight_quantizer
 
 IMAGE = (1, 28, 28)
 CHANNELS = (16, 32)
@@ -170,7 +170,7 @@ def make_torch_step(weights: str, bits, per_channel, x, labels, params, threads=
     import torch
     import torch.nn.functional as F
 
-    from . import bench_torch_ref as ref
+    from . import torch_ref as ref
 
     model = ref.TorchCnn(IMAGE, CHANNELS, KERNEL, POOL, (), CLASSES, weights, bits or 8, per_channel, params)
     opt = torch.optim.Adam(model.parameters(), lr=LR)

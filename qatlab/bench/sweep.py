@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .benchkit import BenchOptions, Column, Goal, SuiteResult, Table, suite
+from .kit import BenchOptions, Column, Goal, SuiteResult, Table, suite
 
 EPOCHS = 60
 KINDS = ("identity", "clipped_identity", "tanh", "hard_tanh")
@@ -66,7 +66,7 @@ COLUMNS = [Column("workers", "workers"), Column("runs", "runs"), Column("wall_s"
 
 
 def base_config(epochs: int):
-    from .config import ExperimentConfig
+    from ..config import ExperimentConfig
     cfg = ExperimentConfig()
     cfg.optim.epochs = epochs
     cfg.model.hidden = [256]
@@ -83,7 +83,7 @@ VIEW_COLUMNS = [Column("runs", "runs"), Column("load_s", "read + first draw s", 
 
 def warm_kinds() -> None:
     """On a worker: one short run of each STE kind, so no kernel is compiled during a measured sweep."""
-    from .runs import run_experiment
+    from ..runs import run_experiment
     for kind in KINDS:
         cfg = base_config(1)
         cfg.quant.ste = kind
@@ -93,7 +93,7 @@ def warm_kinds() -> None:
 def _cluster(n: int):
     from distributed import Client
 
-    from .executor import WarmWorker, local_cluster
+    from ..executor import WarmWorker, local_cluster
     cluster = local_cluster(n)
     client = Client(cluster, set_as_default=False, timeout="60s")
     client.register_plugin(WarmWorker(warm=True))
@@ -105,8 +105,8 @@ def _cluster(n: int):
 
 def view_part() -> dict:
     """The Sweeps tab's view over a temporary store of VIEW_RUNS finished runs (see the module doc)."""
-    from .store import RunStore
-    from .ui.sweep_bench import fill_store, measure_view
+    from ..store import RunStore
+    from ..ui.sweep_bench import fill_store, measure_view
     with tempfile.TemporaryDirectory(prefix="qatlab-bench-sweep-view-") as tmp:
         with RunStore(Path(tmp) / "runs.sqlite") as store:
             return measure_view(store, fill_store(store, VIEW_RUNS))
@@ -116,7 +116,7 @@ def one_sweep(name: str, epochs: int, store, client, runs_grid=KINDS, seeds=SEED
     """Run the bench sweep once on ``client``; its wall time and what the store says of its runs."""
     from distributed import get_task_stream
 
-    from .sweep import Sweep
+    from ..sweep import Sweep
     sweep = Sweep(base_config(epochs), grid={"quant.ste": list(runs_grid)}, seeds=list(seeds), name=name)
     with get_task_stream(client=client) as stream:
         t0, submit_time = time.perf_counter(), time.time()
@@ -169,8 +169,8 @@ def identical_to_in_process(store, record, reference: dict) -> str:
                             "per-run overhead, bit-identity")
 def run(opts: BenchOptions) -> SuiteResult:
     """Run the sweep suite (see the module docstring)."""
-    from .runs import run_experiment
-    from .store import RunStore
+    from ..runs import run_experiment
+    from ..store import RunStore
     epochs = EPOCHS if opts.sizes is None else opts.sizes[0]
     repeats = 1 if opts.quick else 3
     clusters = {n: _cluster(n) for n in WORKERS}

@@ -16,7 +16,7 @@ At each size (default 4K, 256K and 16M float32 elements; ``--quick``: 4K and
 
 Data: ``x, g ~ N(0, 1)`` float32, 8-bit symmetric, scale 3/127 (about 0.3 % of
 x is clamped). The ``kernel`` rows run on one thread; ``FakeQuantize`` splits a tensor of at
-least ``qatlab.parallel.MIN_ELEMENTS`` (262,144) elements across the cores (the 16M rows). Goals (issue 2) are printed
+least ``qatlab.runtime.parallel.MIN_ELEMENTS`` (262,144) elements across the cores (the 16M rows). Goals (issue 2) are printed
 as PASS / MISS / SKIP lines from the medians; nothing is tuned per goal.
 """
 from __future__ import annotations
@@ -25,11 +25,11 @@ import contextlib
 
 import numpy as np
 
-from .benchkit import BenchOptions, Column, Goal, SuiteResult, Table, measure_many, suite
-from .kernels import fakequant as K
-from . import parallel
-from .quant import FakeQuantize
-from .ste import SteKind
+from .kit import BenchOptions, Column, Goal, SuiteResult, Table, measure_many, suite
+from ..kernels import fakequant as K
+from ..runtime import parallel
+from ..quant import FakeQuantize
+from ..quant.ste import SteKind
 
 KI, MI = 2**10, 2**20
 SIZES = (4 * KI, 256 * KI, 16 * MI)

@@ -7,7 +7,7 @@ The step timed is the engine's real hot path (the generic loop's inner step)::
     mlp.backward(x, scratch, grads, need_input_grad=False)
     opt.step(grads.flat())                            # Adam, lr 1e-2
 
-made as ``run_experiment`` makes it: where :class:`qatlab.fused.FusedStep` applies (the 64-256-10
+made as ``run_experiment`` makes it: where :class:`qatlab.train.fused_step.FusedStep` applies (the 64-256-10
 shapes), :data:`RUN_STEPS` steps in one ``FusedStep.steps`` call (the loop makes its steps in such
 runs, up to the next metrics row: 10 steps with the default ``metrics_every``; the same numbers as
 one call per step), timed per step; else these calls from Python, one step at a time. The column
@@ -18,11 +18,11 @@ labels) for each shape; every step of a run uses the same batch. Side by side, i
 * **numpy floor**: the five matrix products of that step in plain numpy with preallocated
   outputs, ``np.matmul(out=)``: ``x @ W1.T``, ``h @ W2.T``, ``dY.T @ h``, ``dY @ W2``, ``dH.T @ x``.
   No quantization, no activation, no loss, no optimizer: the one-thread lower bound. qatlab splits
-  products of at least ``qatlab.parallel.MIN_MACS`` multiply-adds across the cores, so at the
+  products of at least ``qatlab.runtime.parallel.MIN_MACS`` multiply-adds across the cores, so at the
   largest shapes its step can take less time than this floor.
 * **PyTorch eager** (when importable), ``torch.set_num_threads(1)``: nn.Linear layers, absmean
   ternary weights through an ``autograd.Function`` with an identity STE, ``F.cross_entropy``,
-  ``torch.optim.Adam`` (see :mod:`qatlab.bench_torch_ref`). Torch at its default thread count is
+  ``torch.optim.Adam`` (see :mod:`qatlab.bench.torch_ref`). Torch at its default thread count is
   measured in a second ``measure_many`` together with the qatlab step again.
 
 Also: a check that both implementations compute the same step (loss and weight gradients from
@@ -42,14 +42,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import parallel
-from .benchkit import BenchOptions, Column, Goal, SuiteResult, Table, measure_many, suite
-from .kernels import fakequant as KF
-from .kernels.dense import IDENTITY, RELU, act_backward_inplace, bias_act_inplace, softmax_cross_entropy
-from .fused import FusedStep
-from .nn import Mlp, cross_entropy_loss
-from .optim import Adam, _adam_kernel
-from .quant import TernaryQuantizer
+from ..runtime import parallel
+from .kit import BenchOptions, Column, Goal, SuiteResult, Table, measure_many, suite
+from ..kernels import fakequant as KF
+from ..kernels.dense import IDENTITY, RELU, act_backward_inplace, bias_act_inplace, softmax_cross_entropy
+from ..train.fused_step import FusedStep
+from ..nn import Mlp, cross_entropy_loss
+from ..optim import Adam, _adam_kernel
+from ..quant import TernaryQuantizer
 
 #: (layer sizes, batch) of every shape the suite measures.
 SHAPES: tuple[tuple[tuple[int, ...], int], ...] = (
@@ -335,7 +335,7 @@ def _breakdown_table(per_shape: dict) -> Table:
 
 def _check_same_math(torch, sizes, batch, x, labels) -> dict:
     """Loss and weight gradients of one step from identical weights and data: qatlab vs torch."""
-    from . import bench_torch_ref as ref
+    from . import torch_ref as ref
 
     mlp, scratch, grads, _ = _qatlab_setup(sizes, batch)
     n = mlp.num_layers
@@ -433,7 +433,7 @@ def _bench_shape(sizes, batch, opts: BenchOptions, torch, torch_default_threads)
     res = {"sizes": list(sizes), "batch": batch, "shape": shape_label(sizes, batch), "fused": fused,
            "steps_per_call": run}
     if torch is not None:
-        from . import bench_torch_ref as ref
+        from . import torch_ref as ref
 
         model = ref.TorchMlp(sizes, "ternary")
         tstep, _ = ref.make_train_step(model, x, labels, lr=LR)
@@ -545,11 +545,11 @@ def run(opts: BenchOptions) -> SuiteResult:
         f"OPENBLAS_NUM_THREADS={blas} (set by `import qatlab` unless already set); BLAS in this process: "
         f"{loaded_txt}; qatlab's products and the numpy floor use that same BLAS; qatlab splits a product of "
         f">= {parallel.MIN_MACS:,} multiply-adds into row or column blocks on {parallel.cores()} cores "
-        "(qatlab.parallel), the floor runs on one thread",
+        "(qatlab.runtime.parallel), the floor runs on one thread",
         "qatlab step: mlp.forward (TernaryQuantizer, identity STE, on every layer) + cross_entropy_loss + "
         "mlp.backward(need_input_grad=False) + Adam.step(flat), lr 1e-2; at "
         + ", ".join(fused_shapes or ["no shape"])
-        + f" as run_experiment makes it: {RUN_STEPS} steps per qatlab.fused.FusedStep.steps call (one Numba call "
+        + f" as run_experiment makes it: {RUN_STEPS} steps per qatlab.train.fused_step.FusedStep.steps call (one Numba call "
         "that also gathers each batch), time per step; '1 call ms': FusedStep, one call per step; synthetic "
         "x ~ U[0,1), random labels",
         "numpy floor: the 5 matmuls x@W1.T, h@W2.T, dY.T@h, dY@W2, dH.T@x with np.matmul(out=), nothing else",

@@ -8,11 +8,11 @@ rows every ``metrics_every`` = 10 steps, which are part of its seconds.
 Runs: float, 8-bit fake, 4-bit fake, ternary (identity STE); then every SteKind for ternary and
 for 2-bit fake weights (symmetric, per-tensor, observer scale). When torch is importable the first
 four are also trained by a PyTorch eager implementation of the same recipe
-(:mod:`qatlab.bench_torch_ref`: same split, same initial weights, same batch order, Adam lr 1e-2,
+(:mod:`qatlab.bench.torch_ref`: same split, same initial weights, same batch order, Adam lr 1e-2,
 identity STE), reported side by side. Goals: float, 8-bit and 4-bit >= 97%, ternary >= 96%.
 ``--quick`` trains fewer epochs and says so in every goal line and in the notes.
 
-Then the CNN recipes of issue 24 (:mod:`qatlab.bench_quality_cnn`): mnist LeNet (float, 4-bit
+Then the CNN recipes of issue 24 (:mod:`qatlab.bench.quality_cnn`): mnist LeNet (float, 4-bit
 per-channel, ternary; mean over seeds 0-2; every SteKind; the PyTorch twin) and mnist1d CNN vs MLP.
 The environment variable ``QATLAB_BENCH_QUALITY_PARTS`` (``digits``, ``cnn`` or ``digits,cnn``, the
 default) picks which halves run.
@@ -22,12 +22,12 @@ from __future__ import annotations
 import math
 import os
 
-from . import config as C
-from .benchkit import BenchOptions, Column, Goal, SuiteResult, Table, suite
-from .data import load_dataset
-from .nn import Mlp
-from .runs import run_experiment
-from .ste import SteKind
+from .. import config as C
+from .kit import BenchOptions, Column, Goal, SuiteResult, Table, suite
+from ..data import load_dataset
+from ..nn import Mlp
+from ..runs import run_experiment
+from ..quant.ste import SteKind
 
 EPOCHS = 40
 QUICK_EPOCHS = 5
@@ -83,7 +83,7 @@ def _qatlab_row(label: str, weights: str, bits, ste: SteKind, epochs: int) -> di
 
 
 def _torch_row(ds, weights: str, bits, epochs: int) -> dict:
-    from . import bench_torch_ref as ref
+    from . import torch_ref as ref
 
     init = Mlp([ds.n_features, HIDDEN, ds.n_outputs], activation="relu", seed=SEED)  # = build_model's init
     r = ref.train(ds, init.sizes, weights, bits or 8, epochs=epochs, batch_size=BATCH, lr=LR, seed=SEED,
@@ -159,7 +159,7 @@ def run(opts: BenchOptions) -> SuiteResult:
     torch = _import_torch()
     result = run_digits(opts, torch) if "digits" in halves else SuiteResult(tables=[])
     if "cnn" in halves:
-        from .bench_quality_cnn import run_cnn_recipes
+        from .quality_cnn import run_cnn_recipes
 
         tables, goals, notes, extra = run_cnn_recipes(opts.quick, torch is not None)
         result.tables += tables

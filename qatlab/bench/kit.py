@@ -14,12 +14,12 @@ What it gives a suite:
 * :class:`Goal` -- a target the suite checks; printed as a PASS / MISS / SKIP line.
 * :func:`write_json` -- strict JSON (NaN/inf become ``null``), written atomically.
 * the suite registry: :func:`suite` registers a function under a name;
-  :func:`load_suite` imports ``qatlab.bench_<name>`` lazily on first use and
+  :func:`load_suite` imports ``qatlab.bench.<name>`` lazily on first use and
   raises :class:`SuiteNotAvailable` when that module does not exist yet.
 
 A suite is a function ``fn(opts: BenchOptions) -> SuiteResult``::
 
-    from qatlab.benchkit import BenchOptions, Column, Goal, SuiteResult, Table, measure, suite
+    from qatlab.bench.kit import BenchOptions, Column, Goal, SuiteResult, Table, measure, suite
 
     @suite("train", description="SteTrainer steps per second")
     def run(opts: BenchOptions) -> SuiteResult:
@@ -435,7 +435,7 @@ def write_json(path: str | os.PathLike, payload: Any) -> Path:
 
 # ----------------------------------------------------------------------------- registry
 
-#: Suites in the order ``all`` runs them; each lives in ``qatlab.bench_<name>``.
+#: Suites in the order ``all`` runs them; each lives in ``qatlab.bench.<name>``.
 KNOWN_SUITES: tuple[str, ...] = ("fakequant", "train", "conv", "quality", "phase", "dashboard", "sweep", "store")
 
 _REGISTRY: dict[str, "SuiteSpec"] = {}
@@ -457,7 +457,7 @@ class SuiteNotAvailable(RuntimeError):
 def suite(name: str, *, description: str = "") -> Callable:
     """Decorator: register ``fn(opts: BenchOptions) -> SuiteResult`` as suite ``name``.
 
-    Put it in ``qatlab/bench_<name>.py``; the registry imports that module the
+    Put it in ``qatlab/bench/<name>.py``; the registry imports that module the
     first time the suite is asked for, so no other file needs to change.
     """
     def register(fn: Callable[[BenchOptions], SuiteResult]) -> Callable[[BenchOptions], SuiteResult]:
@@ -467,8 +467,8 @@ def suite(name: str, *, description: str = "") -> Callable:
 
 
 def suite_module(name: str) -> str:
-    """Module that defines suite ``name``: ``qatlab.bench_<name>``."""
-    return f"{__package__ or 'qatlab'}.bench_{name}"
+    """Module that defines suite ``name``: ``qatlab.bench.<name>``."""
+    return f"{__package__}.{name}"
 
 
 def load_suite(name: str) -> SuiteSpec:

@@ -23,11 +23,11 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from . import config as C
-from .data import load_dataset
-from .nn import cross_entropy_loss
-from .optim import make_optimizer
-from .train.build import build_model
+from .. import config as C
+from ..data import load_dataset
+from ..nn import cross_entropy_loss
+from ..optim import make_optimizer
+from ..train.build import build_model
 
 LAGS = (1, 2, 3, 5, 9)
 

@@ -2,7 +2,7 @@
 
 ``qatlab/__init__.py`` sets ``OPENBLAS_NUM_THREADS=1`` (several runs train at once
 on small matrices; a multi-threaded OpenBLAS was measured ~10x slower, and large products
-are split across cores by :mod:`qatlab.parallel` instead). That only works if numpy's
+are split across cores by :mod:`qatlab.runtime.parallel` instead). That only works if numpy's
 OpenBLAS has not been loaded yet; a notebook's ``import numpy`` or Panel under ``panel serve``
 load it first. Measured here: the default config trained at ~28 steps/s in the server vs
 ~1700 headless; with one BLAS thread the server matches headless, and a run gives the same

@@ -26,11 +26,11 @@ import math
 
 import numpy as np
 
-from . import parallel
-from .kernels.fused import (BACKWARD, FORWARD, LAYER_SUMS, UPDATE, batch_rows_error, predict_block, train_step,
+from ..runtime import parallel
+from ..kernels.fused import (BACKWARD, FORWARD, LAYER_SUMS, UPDATE, batch_rows_error, predict_block, train_step,
                             train_steps)
-from .nn import _f32_2d, _labels
-from .quant import TernaryQuantizer
+from ..nn import _f32_2d, _labels
+from ..quant import TernaryQuantizer
 
 __all__ = ["FusedStep", "unsupported_reason", "FORWARD", "BACKWARD", "UPDATE"]
 
@@ -43,7 +43,7 @@ _STAGES = (FORWARD, BACKWARD, UPDATE)
 def unsupported_reason(mlp, scratch, opt=None) -> str | None:
     """Why ``FusedStep`` cannot run this model (None if it can): weight quantizers other than
     None or :class:`TernaryQuantizer`, activation quantizers, an optimizer over anything but
-    ``mlp.flat_params()``, or work big enough to be split across cores (:mod:`qatlab.parallel`)."""
+    ``mlp.flat_params()``, or work big enough to be split across cores (:mod:`qatlab.runtime.parallel`)."""
     if any(q is not None and type(q) is not TernaryQuantizer for q in mlp.weight_quantizers):
         return "weight quantizers other than ternary"
     if any(q is not None for q in mlp.activation_quantizers):

@@ -1,0 +1,1 @@
+"""Process plumbing, not maths: BLAS threads, the float mode of training threads, parallel splitting."""
