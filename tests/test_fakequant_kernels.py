@@ -133,23 +133,35 @@ def test_fq_backward_out_may_alias_g(rng, kind):
     np.testing.assert_array_equal(g, expect)      # (the two-array loop is checked against numpy above)
 
 
-def test_tanh32_error_bound():
-    u = np.concatenate([np.linspace(-20, 20, 40001), [0.0, 7.9, -7.9, 7.90531110763549805, 1e30, -1e30]])
-    u = u.astype(F32)
-    t = np.array([K.tanh32(v) for v in u])
-    err = np.abs(t - np.tanh(u.astype(np.float64)))
-    assert err.max() < 5e-7
-    assert K.tanh32(F32(0.0)) == 0.0
-    assert math.isnan(K.tanh32(F32(np.nan)))
-    assert abs(K.tanh32(F32(np.inf)) - 1) < 5e-7 and abs(K.tanh32(F32(-np.inf)) + 1) < 5e-7
+def test_exp_neg_relative_error():
+    x = np.concatenate([np.linspace(-87, 0, 200001), [-1e-30, -0.0, -86.99]]).astype(F32)
+    e = np.array([K.exp_neg(v) for v in x])
+    ref = np.exp(x.astype(np.float64))
+    assert (np.abs(e - ref) / ref).max() < 5e-7
+    assert K.exp_neg(F32(0.0)) == 1.0
+    assert K.exp_neg(F32(-87.5)) == 0.0 and K.exp_neg(F32(-np.inf)) == 0.0   # below the normal floats
+    assert math.isnan(K.exp_neg(F32(np.nan)))
 
 
-def test_tanh_backward_derivative_error_bound():
-    u = np.linspace(-12, 12, 100001).astype(F32)
+def test_sech2_keeps_float32_accuracy_in_the_tails():
+    # 1 - tanh(u)^2 cancels where tanh(u) rounds near 1: at 4 bits, scale 0.05, u reaches ~16, where
+    # the true value is ~1e-14; the sech^2 form keeps a float32 relative error there.
+    u = np.concatenate([np.linspace(-43, 43, 172001), [0.0]]).astype(F32)
+    got = np.array([K.sech2(v) for v in u])
+    ref = 1.0 / np.cosh(u.astype(np.float64)) ** 2
+    assert (np.abs(got - ref) / ref).max() < 5e-7
+    assert K.sech2(F32(0.0)) == 1.0
+    assert K.sech2(F32(44.0)) == 0.0 and K.sech2(F32(np.inf)) == 0.0 and K.sech2(F32(-np.inf)) == 0.0
+    assert math.isnan(K.sech2(F32(np.nan)))
+
+
+def test_tanh_backward_is_sech2_everywhere():
+    u = np.linspace(-40, 40, 100001).astype(F32)
     g = np.ones_like(u)
     out = np.empty_like(u)
     K.fq_backward(u, g, 2, F32(1), F32(0), F32(-128), F32(127), F32(0), F32(1), out)
-    assert np.abs(out - (1 - np.tanh(u.astype(np.float64)) ** 2)).max() < 1e-6
+    ref = 1.0 / np.cosh(u.astype(np.float64)) ** 2
+    assert (np.abs(out - ref) / ref).max() < 5e-7
 
 
 @pytest.mark.parametrize("case", CASES)

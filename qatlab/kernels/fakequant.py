@@ -17,7 +17,7 @@ Backward, with ``u = (x - c) * inv_h`` the input in units of the range
 
     STE 0 IDENTITY          dx = g
     STE 1 CLIPPED_IDENTITY  dx = g if qmin <= v <= qmax else 0
-    STE 2 TANH              dx = g * (1 - tanh(u)^2)   (tanh: float32 rational approx., |err| < 5e-7)
+    STE 2 TANH              dx = g * (1 - tanh(u)^2)   (as sech^2(u) = 4e / (1 + e)^2, e = exp(-2|u|))
     STE 3 HARD_TANH         dx = g * max(0, 1 - |u|)
 
 Per-channel kernels take ``x`` reshaped to ``(outer, C, inner)`` (a view of a
@@ -27,7 +27,9 @@ of length ``C``.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 # fastmath flags that allow vectorisation but keep NaN/inf semantics intact; error_model="numpy"
 # drops the Python ZeroDivisionError check, which otherwise blocks vectorisation of `/`.
@@ -37,27 +39,48 @@ _FAST = {"nsz", "arcp", "contract", "afn"}
 _SUMS = {"nsz", "contract", "reassoc"}
 
 
-# Rational minimax approximation of tanh in float32 (the form used by Eigen's fast
-# tanh): |error| < 5e-7 over the whole line, and it vectorises where libm's tanh does not.
-_TANH_CLAMP = np.float32(7.90531110763549805)
-_A = (np.float32(4.89352455891786e-03), np.float32(6.37261928875436e-04), np.float32(1.48572235717979e-05),
-      np.float32(5.12229709037114e-08), np.float32(-8.60467152213735e-11), np.float32(2.00018790482477e-13),
-      np.float32(-2.76076847742355e-16))
-_B = (np.float32(4.89352518554385e-03), np.float32(2.26843463243900e-03), np.float32(1.18534705686654e-04),
-      np.float32(1.19825839466702e-06))
+@intrinsic
+def _f32_from_bits(typingctx, bits):
+    """The float32 whose IEEE bit pattern is the low 32 bits of the integer ``bits`` (an LLVM bitcast,
+    so loops around it vectorise)."""
+    if not isinstance(bits, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        low = builder.trunc(args[0], ir.IntType(32)) if bits.bitwidth > 32 else args[0]
+        return builder.bitcast(low, context.get_value_type(types.float32))
+    return types.float32(bits), codegen
+
+
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)   # ln 2 = HI + LO, HI exact in 9 bits
+_EXP_MIN = np.float32(-87.0)    # exp(-87) = 1.6e-38, the smallest result that stays a normal float32
+_F0, _F1 = np.float32(0.0), np.float32(1.0)
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy", inline="always")
-def tanh32(u):
-    """tanh(u) for a float32 scalar, |error| < 5e-7; NaN in, NaN out."""
-    if u > _TANH_CLAMP:
-        u = _TANH_CLAMP
-    elif u < -_TANH_CLAMP:
-        u = -_TANH_CLAMP
-    u2 = u * u
-    p = ((((((_A[6] * u2 + _A[5]) * u2 + _A[4]) * u2 + _A[3]) * u2 + _A[2]) * u2 + _A[1]) * u2 + _A[0]) * u
-    q = ((_B[3] * u2 + _B[2]) * u2 + _B[1]) * u2 + _B[0]
-    return p / q
+def exp_neg(x):
+    """exp(x) for float32 x <= 0, relative error < 5e-7; 0 below -87 (the result would be subnormal); NaN in, NaN out.
+
+    ``x = k ln2 + r`` with ``k = rint(x / ln2)``, ``|r| <= ln2 / 2``; ``exp(r)`` by its degree-7 Taylor
+    polynomial and ``2^k`` built from its exponent bits: no libm call, so the loops around it vectorise.
+    """
+    xc = _EXP_MIN if x < _EXP_MIN else x      # written so that NaN passes through
+    k = np.rint(xc * _LOG2E)
+    r = (xc - k * _LN2_HI) - k * _LN2_LO
+    p = _F1 + r * (_F1 + r * (np.float32(1 / 2) + r * (np.float32(1 / 6) + r * (np.float32(1 / 24) + r * (
+        np.float32(1 / 120) + r * (np.float32(1 / 720) + r * np.float32(1 / 5040)))))))
+    e = p * _f32_from_bits(np.int32((k + np.float32(127.0)) * np.float32(2.0**23)))   # exponent field k + 127
+    return _F0 if x < _EXP_MIN else e
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy", inline="always")
+def sech2(u):
+    """1 - tanh(u)^2 as ``4e / (1 + e)^2`` with ``e = exp(-2|u|)``: float32 relative accuracy in the tails,
+    where ``1 - tanh^2`` cancels to nothing; 0 for |u| > 43.5 (the true value is below 1e-37)."""
+    e = exp_neg(np.float32(-2.0) * np.abs(u))
+    d = _F1 + e
+    return np.float32(4.0) * e / (d * d)
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
@@ -109,8 +132,7 @@ def ste_grad(ste, g, x, inv_s, zp, qmin, qmax, c, inv_h):
         v = np.rint(x * inv_s) + zp
         return g if (v >= qmin) & (v <= qmax) else np.float32(0.0)
     if ste == 2:
-        t = tanh32((x - c) * inv_h)
-        return g * (np.float32(1.0) - t * t)
+        return g * sech2((x - c) * inv_h)
     if ste == 3:
         a = np.float32(1.0) - np.abs((x - c) * inv_h)
         return g * a if a > np.float32(0.0) else np.float32(0.0)

@@ -17,7 +17,7 @@ Network (no biases), ``x`` (B, I), latents ``W1`` (H, I), ``W2`` (O, H)::
 
     0 identity          1
     1 clipped_identity  1 if |rint(u)| <= 1 else 0
-    2 tanh              1 - tanh(u)^2   (the float32 tanh of :mod:`qatlab.kernels.fakequant`)
+    2 tanh              1 - tanh(u)^2   (as :func:`qatlab.kernels.fakequant.sech2`)
     3 hard_tanh         max(0, 1 - |u|)
 
 Everything is float32 except the loss and the absmean (float64 accumulators). Dense
@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .fakequant import abs_mean, tanh32
+from .fakequant import abs_mean, sech2
 
 _EPS = np.float32(np.finfo(np.float32).eps)
 _ZERO = np.float32(0.0)
@@ -93,8 +93,7 @@ def ste_sgd(w, dq, ste, alpha, lr, clip, touched):
     elif ste == 2:
         for i in range(n):
             wi = w[i]
-            t = tanh32(wi * inv)
-            g = dq[i] * (_ONE - t * t) if np.abs(wi) <= clip else _ZERO
+            g = dq[i] * sech2(wi * inv) if np.abs(wi) <= clip else _ZERO
             touched[i] |= g != _ZERO
             w[i] = wi - lr * g
     else:

@@ -621,3 +621,14 @@ def test_a_model_that_left_the_document_before_any_patch_is_let_go():
     gc.collect()
     assert gone() is None
     assert root in doc.models.synced_references        # what the page has stays
+
+
+def test_a_view_shown_on_its_own_streams_until_stopped():
+    view = RunView(None)                 # no hub given: the view owns one and streams while displayed
+    view.__panel__()
+    callback = view._periodic
+    assert callback is not None and callback.running
+    view.__panel__()                     # shown again: still the one callback
+    assert view._periodic is callback
+    view.stop_streaming()
+    assert view._periodic is None and not callback.running
