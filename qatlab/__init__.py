@@ -1,10 +1,9 @@
 """qatlab: a laboratory for quantization-aware training."""
 import os as _os
 
-# One BLAS thread per training thread: the matrices here are small, and several runs train at
-# once; a multi-threaded OpenBLAS under that load was measured 10x slower (153 vs 1588 steps/s
-# for 64-256-10 at batch 64). Must be set before numpy/scipy load their OpenBLAS; an explicit
-# setting in the environment wins.
+# One BLAS thread per training thread: the matrices here are small and several runs train at
+# once, where a multi-threaded OpenBLAS is much slower. Must be set before numpy/scipy load
+# their OpenBLAS; an explicit setting in the environment wins.
 _os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import sys as _sys
 

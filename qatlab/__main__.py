@@ -152,7 +152,7 @@ def cmd_run(args) -> int:
         return not stop.is_set()
 
     def train():
-        from .train.experiment import train_experiment
+        from .train.trainer import train_experiment
         try:
             state["result"] = train_experiment(cfg, log, report=report)
         except BaseException:           # reported as a failed run by the main thread

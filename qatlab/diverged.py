@@ -1,7 +1,7 @@
 """NonFiniteError: a number training computed (loss, gradient, scale, parameter) is NaN or inf.
 
 It is a ``ValueError``, as the engine's finiteness checks raised before, so code that caught
-those keeps working; the training loop (:mod:`qatlab.train.experiment`) tells it apart from a
+those keeps working; the training loop (:mod:`qatlab.train.trainer`) tells it apart from a
 bug and ends the run as ``diverged`` with the quantity and the step named, not ``failed``.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How much memory a run needs, estimated from its config before anything is allocated.
 
 ``estimate_memory(cfg, n_train, n_test, n_features, n_outputs)`` adds up, in bytes, the arrays the
-training loop (:mod:`qatlab.train.experiment`) allocates for the model :func:`layer_shapes`
+training loop (:mod:`qatlab.train.trainer`) allocates for the model :func:`layer_shapes`
 describes: parameters, their gradients and the backward pass's per-row deltas, optimizer state,
 quantized-weight copies, forward scratch at the batch size, evaluation scratch, phase training's
 gradient buffers, and the dataset's float32 copies. ``check_memory`` refuses a run whose total is
@@ -17,7 +17,7 @@ import os
 import re
 
 F32 = 4
-EVAL_CHUNK = 1024              # qatlab.train.experiment.EVAL_CHUNK: rows evaluated at once
+EVAL_CHUNK = 1024              # qatlab.train.loss.EVAL_CHUNK: rows evaluated at once
 OPTIMIZER_STATE = {"sgd": 0, "momentum": 1, "adam": 2}   # float32 buffers per parameter
 ENV = "QATLAB_MEMORY_BUDGET"
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

@@ -261,7 +261,7 @@ class LocalRun(RunProgress):
             return self._weights
 
     def _main(self) -> None:
-        from .train.experiment import train_experiment
+        from .train.trainer import train_experiment
         try:
             self.result = train_experiment(self.config, self.log, report=self._report,
                                            publish_weights=self._publish_weights)

@@ -8,8 +8,8 @@ import pytest
 
 import qatlab as ql
 from qatlab.diverged import NonFiniteError
-from qatlab.train import experiment
-from qatlab.train.experiment import train_experiment
+from qatlab.train import trainer
+from qatlab.train.trainer import train_experiment
 
 
 def _cfg(**fields):
@@ -81,13 +81,13 @@ def test_phase_training_without_clipping(fields):
 def test_non_finite_parameter_with_a_finite_loss_is_caught_at_the_next_metrics_row(monkeypatch):
     """An inf latent weight behind a fake quantizer saturates: the step's loss stays finite (the
     next one is not); the parameter check at the step's metrics row sees it first."""
-    built, build = [], experiment.build_model
+    built, build = [], trainer.build_model
 
     def capture(*args, **kw):
         built.append(build(*args, **kw))
         return built[-1]
 
-    monkeypatch.setattr(experiment, "build_model", capture)
+    monkeypatch.setattr(trainer, "build_model", capture)
 
     def report(step, total):
         if step == 9:           # before step 10, which logs a row

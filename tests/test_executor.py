@@ -418,7 +418,7 @@ def test_connect_starts_one_warm_local_cluster_and_shutdown_stops_its_runs(store
 
         def warmed():
             from qatlab import warmup
-            return warmup.wait(240) and warmup.status()[0] == 0 and "qatlab.train.experiment" in sys.modules
+            return warmup.wait(240) and warmup.status()[0] == 0 and "qatlab.train.trainer" in sys.modules
         assert all(client.run(warmed).values())
         run = RemoteRun(config(epochs=5000), store=store).start()      # on connect()'s cluster
         wait_for(lambda: len(run.log) > 0, JOIN, "the run's first rows")

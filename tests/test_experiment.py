@@ -13,7 +13,9 @@ from qatlab.train.fused_step import BACKWARD, UPDATE, FusedStep
 from qatlab.metrics import MetricsLog
 from qatlab.quant import FLOAT32_EPS, FakeQuantize, TernaryQuantizer
 from qatlab.train.build import build_model
-from qatlab.train.experiment import EVAL_CHUNK, _Loss, evaluate, layer_row, train_experiment
+from qatlab.train.loss import EVAL_CHUNK, BatchLoss, evaluate
+from qatlab.train.rows import layer_row
+from qatlab.train.trainer import train_experiment
 
 DIGITS_TRAIN = 1438                      # 1797 - round(0.2 * 1797) = 1797 - 359
 
@@ -106,7 +108,7 @@ def test_train_accuracy_is_the_epochs_batches_accuracy_before_their_updates(weig
     cfg.optim.optimizer, cfg.optim.lr = "sgd", 1e-30
     res = ql.run_experiment(cfg)
     ds = ql.data.load_dataset(cfg.data)
-    loss = _Loss(cfg.optim.loss, ds, 64)
+    loss = BatchLoss(cfg.optim.loss, ds, 64)
     h = res.history
     ep = epoch_rows(h)
     assert h["train_accuracy"][ep][0] == pytest.approx(evaluate(res.model, ds.X_train, ds.y_train, loss)[1], rel=1e-12)
@@ -254,13 +256,13 @@ def test_evaluate_matches_numpy_and_chunking():
     cfg = digits("ternary")
     ds = ql.data.load_digits()
     mlp = build_model(cfg, 64, 10)
-    loss = _Loss("cross_entropy", ds, 64)
+    loss = BatchLoss("cross_entropy", ds, 64)
     ref = _ce_numpy(mlp.forward(ds.X_test, mlp.scratch(len(ds.X_test))).copy(), ds.y_test)
     got = evaluate(mlp, ds.X_test, ds.y_test, loss)
     assert got[0] == pytest.approx(ref[0], rel=1e-5) and got[1] == ref[1]
     chunked = evaluate(mlp, ds.X_test, ds.y_test, loss, mlp.scratch(7))     # 359 = 51 * 7 + 2
     assert chunked[0] == pytest.approx(ref[0], rel=1e-5) and chunked[1] == ref[1]
-    mse = evaluate(mlp, ds.X_test, ds.y_test, _Loss("mse", ds, 64))
+    mse = evaluate(mlp, ds.X_test, ds.y_test, BatchLoss("mse", ds, 64))
     out = mlp.forward(ds.X_test, mlp.scratch(len(ds.X_test))).astype(np.float64)
     onehot = np.eye(10)[ds.y_test]
     assert mse[0] == pytest.approx(np.mean((out - onehot) ** 2), rel=1e-5) and mse[1] == ref[1]
@@ -271,7 +273,7 @@ def test_evaluate_does_not_move_activation_observers():
     aq = mlp.activation_quantizers[0]
     before = (float(aq.scale), int(aq.zero_point))
     ds = ql.data.load_digits()
-    evaluate(mlp, ds.X_test * 5.0, ds.y_test, _Loss("cross_entropy", ds, 64))   # a much wider range
+    evaluate(mlp, ds.X_test * 5.0, ds.y_test, BatchLoss("cross_entropy", ds, 64))   # a much wider range
     assert (float(aq.scale), int(aq.zero_point)) == before
     assert aq.observer_enabled                                           # switched back on for training
 

@@ -55,7 +55,7 @@ def test_training_flushes_only_inside_the_run():
     import qatlab as ql
     before = fpmode.get_mode()
     cfg = ql.ExperimentConfig(model=ql.ModelConfig(hidden=[8]), optim=ql.OptimConfig(epochs=1))
-    from qatlab.train.experiment import train_experiment
+    from qatlab.train.trainer import train_experiment
     modes = []
     result = train_experiment(cfg, report=lambda done, total: modes.append(fpmode.get_mode()) or True)
     assert result.status == "finished" and modes                  # report runs inside the loop

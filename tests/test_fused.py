@@ -11,7 +11,7 @@ from qatlab.kernels.fused import LAYER_SUMS, batch_rows_error, layer_sums
 from qatlab.nn import ACTIVATIONS, Mlp, cross_entropy_loss, mse_loss
 from qatlab.optim import SGD, Adam, Momentum
 from qatlab.quant import FakeQuantize, TernaryQuantizer
-from qatlab.train import experiment
+from qatlab.train.trainer import Trainer
 
 SIZES = [12, 16, 8, 5]
 CAP = 9
@@ -309,21 +309,20 @@ def test_what_it_does_not_cover():
 
 
 @pytest.mark.parametrize("phase, loss", [(False, "cross_entropy"), (False, "mse"), (True, "cross_entropy")])
-def test_experiment_history_is_the_same_with_and_without_it(monkeypatch, phase, loss):
+def test_experiment_history_is_the_same_with_the_fused_and_the_reference_stepper(phase, loss):
     cfg = ql.ExperimentConfig()
     cfg.optim.epochs, cfg.model.hidden, cfg.optim.loss = 2, [32], loss
     cfg.phase.enabled = phase
-    used = []
-    build = FusedStep.build
-    monkeypatch.setattr(experiment.FusedStep, "build", lambda *a: used.append(build(*a)) or used[-1])
-    fused = ql.run_experiment(cfg)
-    monkeypatch.setattr(experiment.FusedStep, "build", lambda *a: None)
-    python = ql.run_experiment(cfg)
-    assert isinstance(used[0], FusedStep)
-    assert fused.history.keys() == python.history.keys()
+    fused_trainer, reference_trainer = Trainer(cfg), Trainer(cfg, reference=True)
+    stepper = fused_trainer.stepper
+    assert (stepper.fused if phase else stepper) is not None and isinstance(getattr(stepper, "fused"), FusedStep)
+    assert type(reference_trainer.stepper).__name__ == ("PhaseStepper" if phase else "ReferenceStepper")
+    assert getattr(reference_trainer.stepper, "fused", None) is None
+    fused, reference = fused_trainer.run(), reference_trainer.run()
+    assert fused.history.keys() == reference.history.keys()
     for key in fused.history:
         if key not in ("time", "steps_per_second", "speedup_wall"):
-            np.testing.assert_array_equal(fused.history[key], python.history[key], err_msg=key)
+            np.testing.assert_array_equal(fused.history[key], reference.history[key], err_msg=key)
 
 
 def test_batch_rows_error_matches_numpy():

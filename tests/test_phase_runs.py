@@ -14,7 +14,9 @@ from qatlab.train.fused_step import FusedStep
 from qatlab.nn import Mlp
 from qatlab.optim import Adam
 from qatlab.quant import TernaryQuantizer
-from qatlab.train.experiment import _layer_row_of_sums, _Loss, layer_row
+from qatlab.train.loss import BatchLoss
+from qatlab.train.rows import layer_row, layer_row_of_sums
+from qatlab.train.steppers import Parts
 from qatlab.train.phase_loop import PhaseStepper
 
 SIZES, B, N = [12, 16, 5], 4, 64
@@ -36,8 +38,10 @@ def _stepper(predictor="momentum", warmup=0, loss="cross_entropy", first_correct
     opt = Adam(mlp.flat_params(), lr=0.02)
     cfg = PhaseConfig(warmup_steps=warmup, full_steps=3, predict_steps=9, correct_every=4, max_grad_norm=0.3,
                       loss_threshold=0.05, predictor=predictor, first_correct_every=first_correct_every)
-    loss = _Loss(loss, SimpleNamespace(task="classification", n_outputs=SIZES[-1]), B)
-    return PhaseStepper(cfg, mlp, scratch, grads, loss, FusedStep(mlp, scratch, grads, opt)), opt
+    loss = BatchLoss(loss, SimpleNamespace(task="classification", n_outputs=SIZES[-1]), B)
+    X, y = _data()
+    parts = Parts(mlp, scratch, grads, opt, loss, X, y, B, every=1)
+    return PhaseStepper(cfg, parts, FusedStep(mlp, scratch, grads, opt)), opt
 
 
 def _data():
@@ -139,8 +143,8 @@ def test_runs_match_step_by_step(predictor, warmup, limit, loss, first):
                 _, loss, _, updates, sums, columns = records[rows.index(j)]
                 assert t_before + updates == t_step                     # the updates made before it
                 want = [layer_row(one.mlp, one.grads, one.scratch, i) for i in range(one.mlp.num_layers)]
-                got = [_layer_row_of_sums(one.mlp, i, sums[8 * i:8 * i + 8])[0] for i in range(one.mlp.num_layers)]
-                want_columns, _ = one.metrics(), columns.pop("speedup_wall")
+                got = [layer_row_of_sums(one.mlp, i, sums[8 * i:8 * i + 8])[0] for i in range(one.mlp.num_layers)]
+                want_columns, _ = one.row_columns(), columns.pop("speedup_wall")
                 want_columns.pop("speedup_wall")
                 assert (got, columns, loss) == (want, want_columns, losses1[-1])
         if sizes:

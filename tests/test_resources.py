@@ -7,7 +7,7 @@ import pytest
 import qatlab as ql
 from qatlab import resources
 from qatlab.data import load_dataset
-from qatlab.train.experiment import train_experiment
+from qatlab.train.trainer import train_experiment
 
 
 def _cfg(hidden, optimizer="adam", weights="fake", phase=False, batch_size=64, activations="off"):

@@ -321,8 +321,8 @@ def test_corrupt_file_fails_with_one_line_and_logs_the_traceback(tmp_path, caplo
 
 
 def test_exception_mid_training_fails_and_keeps_rows(monkeypatch, caplog):
-    import qatlab.train.experiment as experiment
-    real = experiment._layer_row
+    import qatlab.train.rows as rows
+    real = rows._layer_row
     calls = {"n": 0}
 
     def flaky(*args, **kwargs):
@@ -331,7 +331,7 @@ def test_exception_mid_training_fails_and_keeps_rows(monkeypatch, caplog):
             raise RuntimeError("boom in layer_row\n  second line " + "x" * 500)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(experiment, "_layer_row", flaky)
+    monkeypatch.setattr(rows, "_layer_row", flaky)
     caplog.set_level(logging.ERROR, logger="qatlab.runs")
     run = ql.LocalRun(tiny()).start()
     assert run.join(30)

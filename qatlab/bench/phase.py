@@ -71,7 +71,7 @@ from ..nn import cross_entropy_loss
 from ..optim import make_optimizer
 from ..runs import LocalRun
 from ..train.build import build_model
-from ..train.experiment import layer_row
+from ..train.rows import layer_row
 from ..train.predictors import make_predictor
 
 DIGITS_EPOCHS = 40

@@ -3,7 +3,7 @@
 Phase training predicts the gradient of the next steps from the real gradients already seen. That
 can only work as far as the real gradients themselves carry over from step to step. This module
 trains a config with full backprop (per-call Python path: forward, loss, backward, optimizer; the
-batch order of :func:`qatlab.train.experiment.train_experiment`), keeps the last real minibatch
+batch order of :func:`qatlab.train.trainer.train_experiment`), keeps the last real minibatch
 gradients and measures, over the whole run:
 
 * ``lag_<k>``: mean cosine(g_t, g_(t+k)) -- what "predict g_(t+k) as the last real gradient" gets;

@@ -1,6 +1,6 @@
 """The task a Dask worker runs: one experiment, its rows sent back as it trains.
 
-:func:`run_on_worker` trains with :func:`qatlab.train.experiment.train_experiment`, the in-process
+:func:`run_on_worker` trains with :func:`qatlab.train.trainer.train_experiment`, the in-process
 trainer, so a run's history is the one ``ql.run_experiment`` gives. Rows leave in batches through
 ``Worker.log_event`` on the run's topic (:func:`topic`), each batch numbered by its first row, so
 the client orders them and notices a gap; nothing goes through a shared disk. The client's
@@ -188,7 +188,7 @@ def run_on_worker(config: dict, run_id: str, weights: bool = True) -> dict:
     from distributed import Variable, get_client, get_worker
 
     from ..config import ExperimentConfig
-    from ..train.experiment import train_experiment
+    from ..train.trainer import train_experiment
     worker, client = get_worker(), get_client()
     log, sender = _RowLog(), _Sender(worker, topic(run_id))
     key = worker.get_current_task()

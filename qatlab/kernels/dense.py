@@ -14,8 +14,8 @@ the activation's *output* ``a``, so the backward needs no pre-activation buffer:
     5 sign        a = sign(z), sign(0) = 0  da/dz = 1   (straight-through estimator)
 
 The dense products themselves are ``np.dot(a, b, out=)`` calls made by :mod:`qatlab.nn`:
-NumPy's bundled OpenBLAS measured 10-20% faster than the SciPy BLAS that ``np.dot`` inside
-``njit`` binds to, which outweighs the extra Python calls (see ``Mlp.forward``).
+NumPy's bundled OpenBLAS is faster than the SciPy BLAS that ``np.dot`` inside ``njit`` binds
+to, by more than the extra Python calls cost (see ``Mlp.forward``).
 """
 from __future__ import annotations
 

@@ -35,6 +35,18 @@ from .phase_kernels import (anchor_trend, clamp01, compare_vectors, copy_sum_squ
 
 FORWARD, BACKWARD, UPDATE = 0, 1, 2   # how far a step goes: loss only, + gradients, + optimizer update
 
+# predict_block's outputs, named in one place. result float64 (len(BLOCK_RESULT),): slot i holds
+# BLOCK_RESULT[i] (the kernel writes it through the R_* indices); corrections (steps, 6) holds one
+# CORRECT step per row, row_out (rows, 5) one metrics row per row, columns as named here.
+BLOCK_RESULT = ("made", "clipped", "norm", "loss", "updates", "lr", "opt_norm", "corrections", "right",
+                "predict_ns", "correct_ns", "bad_gradient", "forwards")
+(R_MADE, R_CLIPPED, R_NORM, R_LOSS, R_UPDATES, R_LR, R_OPT_NORM, R_CORRECTIONS, R_RIGHT, R_PREDICT_NS,
+ R_CORRECT_NS, R_BAD_GRADIENT, R_FORWARDS) = range(len(BLOCK_RESULT))
+CORRECTION_COLUMNS = ("step", "loss", "sumsq", "relative_error", "cosine", "reset")
+ROW_COLUMNS = ("loss", "ns", "gain", "norm", "updates")
+# pstate float64 (len(PREDICTOR_STATE),): the predictor's scalars, read and written back by predict_block.
+PREDICTOR_STATE = ("anchor_step", "correction_step", "gain", "gain_num", "gain_den", "spacing", "next_correct")
+
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def train_step(x, labels, targets, stage, act, ternary, stes, alphas,
@@ -158,7 +170,7 @@ def train_steps(X, Y, T, idx, mse_loss, xb, labels, targets, act, ternary, stes,
     (the other one has 0 rows); idx int64 (steps * B,): batch j is rows ``idx[j*B:(j+1)*B]`` (B =
     xb's rows). xb (B, in) float32 receives each batch, labels int64 (B,) its labels (with labels),
     targets float32 (B, K) its MSE targets: T's rows, or the one-hot rows of its labels as
-    :class:`qatlab.train.experiment._Loss` makes them. mse_loss: MSE, else softmax cross-entropy
+    :class:`qatlab.train.loss.BatchLoss` makes them. mse_loss: MSE, else softmax cross-entropy
     (labels only). scs float64 (steps, 8): each step's optimizer scalars
     (``Optimizer.fused_scalars``). stash, clip: as in train_step, every step (stash (0,): none);
     acc float32 (n,) or (0,): each step's stashed gradient is added to it (float32 adds; with
@@ -315,7 +327,7 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
     Predictor: ``anchor`` and ``staging`` float32 (n,) (the anchor g1; the buffer a CORRECT step's
     real gradient goes to -- it then becomes the anchor and the old anchor the next staging
     buffer), ``trend``, ``corr`` (the correction, folded in place), ``pred`` (a CORRECT step's
-    prediction), ``scores`` float64 (4,) (its comparison); ``pstate`` float64 (7,) in/out:
+    prediction), ``scores`` float64 (4,) (its comparison); ``pstate`` float64 (:data:`PREDICTOR_STATE`) in/out:
     anchor_step, correction_step (-1: none), gain, the gain's running sums a.p and p.p, the CORRECT
     spacing and the block position of the next CORRECT step (the last two are read, and written
     back as the steps made left them). A step
@@ -329,7 +341,7 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
       (relative error > ``threshold``) or folded (``weight``); then the swap of anchor and staging.
     - ``rows`` int64 (r,), increasing: the steps (run indices) that log a metrics row. A PREDICT one
       first measures its loss (a forward pass on its batch); after the step, row_out[c] (float64
-      (r, 5)) receives its loss, nanoseconds since the call began, the gain, the norm of its
+      (r, :data:`ROW_COLUMNS`)) receives its loss, nanoseconds since the call began, the gain, the norm of its
       gradient (gain * prediction, or the real one) and the optimizer updates made before it, and
       row_sums[c] (float64 (r, LAYER_SUMS *
       layers)) :func:`layer_sums` of each layer (its weights, gradient -- the prediction on a
@@ -342,24 +354,25 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
     ``idx[j*B:(j+1)*B]`` of X (B = xb's rows; Y, T, mse_loss, xb, labels, targets as in
     :func:`train_steps`; only the batches of CORRECT steps and measured ones are read).
 
-    result float64 (13,) receives: steps made, PREDICT steps clipped, the last step's gradient norm
-    (gain * prediction, or the real one), the last measured loss (NaN if none), optimizer updates
-    made, the last one's learning rate and optimizer norm (NaN unless its clipping is on),
+    result (:data:`BLOCK_RESULT`) receives: steps made, PREDICT steps clipped, the last step's gradient
+    norm (gain * prediction, or the real one), the last measured loss (NaN if none), optimizer
+    updates made, the last one's learning rate and optimizer norm (NaN unless its clipping is on),
     CORRECT steps made, rows whose argmax is the label over the measured batches, nanoseconds in
     PREDICT and in CORRECT steps (:func:`qatlab.kernels.clock.monotonic_ns`), 1.0 if it stopped at
     a CORRECT step whose loss is finite and gradient not (else 0.0), and the forward passes run
-    (the batches read). corrections float64 (steps, 6): row c = the c-th CORRECT step's (run index,
-    loss, sum of squares of its gradient, relative error, cosine, 1.0 if the correction was reset).
+    (the batches read). corrections (steps, :data:`CORRECTION_COLUMNS`): row c = the c-th CORRECT
+    step's run index, loss, sum of squares of its gradient, relative error, cosine, 1.0 if the
+    correction was reset.
 
     Stops before a step whose loss (or an alpha) is not finite, and before a CORRECT step whose
     gradient is not finite: neither makes an update, and the steps made are the ones before.
     """
     t_start = monotonic_ns()
     count = lrs.shape[0]
-    anchor_step, corr_step, gain, g_num, g_den = pstate[0], pstate[1], pstate[2], pstate[3], pstate[4]
+    anchor_step, corr_step, gain, g_num, g_den = pstate[0], pstate[1], pstate[2], pstate[3], pstate[4]  # in order
     spacing, next_correct = int(pstate[5]), int(pstate[6])
     result[:] = 0.0
-    result[2] = result[3] = result[5] = result[6] = math.nan
+    result[R_NORM] = result[R_LOSS] = result[R_LR] = result[R_OPT_NORM] = math.nan
     a_buf, s_buf = anchor, staging
     u = made = n_corr = right = ri = 0
     ns_correct = 0
@@ -384,35 +397,35 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
                 row = ri < rows.shape[0] and rows[ri] < base + n    # the next row's step is in this stretch
                 end = rows[ri] - base if row else n
                 if end > q:                                    # the PREDICT steps before it
-                    clipped, result[2], opt_norm = _predicted_run(a_buf, trend, ks[q:end], corr, cs[q:end], gain,
+                    clipped, result[R_NORM], opt_norm = _predicted_run(a_buf, trend, ks[q:end], corr, cs[q:end], gain,
                                                                   max_norm, out, opt, state0, state1, p,
                                                                   scs[q:min(end, n_upd)], bounds)
-                    result[1] += clipped
+                    result[R_CLIPPED] += clipped
                     made += end - q
                     if n_upd:
                         u += end - q
-                        result[5], result[6] = lrs[u - 1] * gain, opt_norm
+                        result[R_LR], result[R_OPT_NORM] = lrs[u - 1] * gain, opt_norm
                 if not row:
                     break
                 step_labels, step_targets = _gather(X, Y, T, idx, made, mse_loss, xb, labels, targets)
                 loss = train_step(xb, step_labels, step_targets, FORWARD, act, ternary, stes, alphas, ws, bs, wqs,
                                   hs, ds, dws, dbs, opt, state0, state1, p, g, scs[0], s_buf, 0.0)[0]
-                result[3] = loss
-                result[12] += 1
+                result[R_LOSS] = loss
+                result[R_FORWARDS] += 1
                 if not np.isfinite(loss):
                     stopped = True
                     break
                 if has_labels:
                     right += count_correct(hs[len(hs) - 1], labels)
-                clipped, result[2], opt_norm = _predicted_run(a_buf, trend, ks[end:end + 1], corr, cs[end:end + 1],
+                clipped, result[R_NORM], opt_norm = _predicted_run(a_buf, trend, ks[end:end + 1], corr, cs[end:end + 1],
                                                               gain, max_norm, out, opt, state0, state1, p,
                                                               scs[end:min(end + 1, n_upd)], bounds)
-                result[1] += clipped
+                result[R_CLIPPED] += clipped
                 made += 1
                 if n_upd:
                     u += 1
-                    result[5], result[6] = lrs[u - 1] * gain, opt_norm
-                _log_row(row_out[ri], row_sums[ri], loss, monotonic_ns() - t_start, gain, result[2],
+                    result[R_LR], result[R_OPT_NORM] = lrs[u - 1] * gain, opt_norm
+                _log_row(row_out[ri], row_sums[ri], loss, monotonic_ns() - t_start, gain, result[R_NORM],
                          u - 1 if n_upd else u, ws, dws, wqs, ternary, alphas)
                 ri += 1
                 q = end + 1
@@ -424,13 +437,13 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
         step_labels, step_targets = _gather(X, Y, T, idx, j, mse_loss, xb, labels, targets)
         loss, opt_norm, sumsq = train_step(xb, step_labels, step_targets, UPDATE, act, ternary, stes, alphas, ws, bs,
                                            wqs, hs, ds, dws, dbs, opt, state0, state1, p, g, scs[0], s_buf, clip)
-        result[3] = loss
-        result[12] += 1
+        result[R_LOSS] = loss
+        result[R_FORWARDS] += 1
         if not (np.isfinite(loss) and np.isfinite(sumsq)):
-            result[11] = 1.0 if np.isfinite(loss) else 0.0
+            result[R_BAD_GRADIENT] = 1.0 if np.isfinite(loss) else 0.0
             break
         u += 1
-        result[2], result[5], result[6] = math.sqrt(sumsq), lrs[u - 1], opt_norm
+        result[R_NORM], result[R_LR], result[R_OPT_NORM] = math.sqrt(sumsq), lrs[u - 1], opt_norm
         if has_labels:
             right += count_correct(hs[len(hs) - 1], labels)
         k = np.float64(step - anchor_step) if has_trend else 0.0
@@ -459,14 +472,14 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
         next_correct = pos + j + spacing
         made = j + 1
         if ri < rows.shape[0] and rows[ri] == j:
-            _log_row(row_out[ri], row_sums[ri], loss, monotonic_ns() - t_start, gain, result[2], u - 1, ws, dws,
+            _log_row(row_out[ri], row_sums[ri], loss, monotonic_ns() - t_start, gain, result[R_NORM], u - 1, ws, dws,
                      wqs, ternary, alphas)
             ri += 1
         ns_correct += monotonic_ns() - t_correct
     pstate[0], pstate[1], pstate[2], pstate[3], pstate[4] = anchor_step, corr_step, gain, g_num, g_den
     pstate[5], pstate[6] = spacing, next_correct
-    result[0], result[4], result[7], result[8] = made, u, n_corr, right
-    result[9], result[10] = monotonic_ns() - t_start - ns_correct, ns_correct
+    result[R_MADE], result[R_UPDATES], result[R_CORRECTIONS], result[R_RIGHT] = made, u, n_corr, right
+    result[R_PREDICT_NS], result[R_CORRECT_NS] = monotonic_ns() - t_start - ns_correct, ns_correct
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -152,8 +152,8 @@ class FakeQuantize(param.Parameterized):
     def _store_observed(self, scale, zero_point) -> None:
         """Store observer output (valid by construction) without Param's event machinery.
 
-        ``update_params`` costs ~0.3 ms through Param; observing every training step would
-        spend more time there than in the kernels. Watchers (e.g. widgets) are not notified of
+        ``update_params`` is slow through Param; observing every training step would spend
+        more time there than in the kernels. Watchers (e.g. widgets) are not notified of
         these per-step values; call ``update_params`` or ``param.trigger`` to publish them.
         """
         values = getattr(getattr(self, "_param__private", None), "values", None)
@@ -169,7 +169,7 @@ class FakeQuantize(param.Parameterized):
 
     def _flags(self):
         """(enabled, observer_enabled, axis, learn_scale, ste code, qmin, qmax, symmetric), cached:
-        each Param read costs ~1 us, and the hot path needs all of them."""
+        a Param read is slow, and the hot path needs all of them."""
         flags = self._cache.get("flags")
         if flags is None:
             qmin, qmax = self.quant_range()

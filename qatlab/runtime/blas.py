@@ -1,13 +1,12 @@
 """Keep BLAS single-threaded whatever was imported first.
 
 ``qatlab/__init__.py`` sets ``OPENBLAS_NUM_THREADS=1`` (several runs train at once
-on small matrices; a multi-threaded OpenBLAS was measured ~10x slower, and large products
+on small matrices, where a multi-threaded OpenBLAS is much slower; large products
 are split across cores by :mod:`qatlab.runtime.parallel` instead). That only works if numpy's
 OpenBLAS has not been loaded yet; a notebook's ``import numpy`` or Panel under ``panel serve``
-load it first. Measured here: the default config trained at ~28 steps/s in the server vs
-~1700 headless; with one BLAS thread the server matches headless, and a run gives the same
-numbers whether numpy or qatlab was imported first. ``import qatlab`` calls
-:func:`limit_blas_threads` when numpy is already loaded.
+load it first, and a run in the server then trained many times slower than headless. So
+``import qatlab`` calls :func:`limit_blas_threads` when numpy is already loaded: with one BLAS
+thread either way, a run gives the same numbers whether numpy or qatlab was imported first.
 """
 from __future__ import annotations
 

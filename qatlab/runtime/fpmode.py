@@ -2,10 +2,8 @@
 
 Subnormal floats (magnitude below 1.18e-38 for float32) take a microcode slow path on x86: an
 operation on them costs tens to hundreds of cycles instead of one. Training produces them where
-values decay towards zero (gradients through saturated softmax outputs, dead units). Measured on
-an Intel Xeon: the phase-training control run of ``python -m qatlab.bench phase`` (784-1024-10)
-spent 4x longer in OpenBLAS's sgemm kernel than the same model without gradient clipping, and the
-whole run took 1.6x as long.
+values decay towards zero (gradients through saturated softmax outputs, dead units), and then
+the matrix products on them, and the whole run, slow down severalfold.
 
 :func:`flush_subnormals` sets the SSE control register's FTZ (results that would be subnormal
 become 0) and DAZ (subnormal inputs read as 0) bits for the calling thread only, as

@@ -27,8 +27,8 @@ import math
 import numpy as np
 
 from ..runtime import parallel
-from ..kernels.fused import (BACKWARD, FORWARD, LAYER_SUMS, UPDATE, batch_rows_error, predict_block, train_step,
-                            train_steps)
+from ..kernels.fused import (BACKWARD, FORWARD, LAYER_SUMS, R_FORWARDS, R_LR, R_MADE, R_OPT_NORM, R_UPDATES, UPDATE,
+                            batch_rows_error, predict_block, train_step, train_steps)
 from ..nn import _f32_2d, _labels
 from ..quant import TernaryQuantizer
 
@@ -218,11 +218,11 @@ class FusedStep:
                       self.mlp._act, self._ternary, self._stes, self._alphas, self._ws, self._bs, self._wqs, hs, ds,
                       self._dws, self._dbs, code, s0, s1, opt.fused_constants(), opt.t, lrs, self._params, self._grads,
                       scs, ks, cs, result, run.corrections, run.row_out, self.row_sums)
-        if result[12]:
+        if result[R_FORWARDS]:
             self._after(xb, hs)
-        if result[4]:
-            opt.fused_done(result[5], result[6], int(result[4]))
-        return int(result[0])
+        if result[R_UPDATES]:
+            opt.fused_done(result[R_LR], result[R_OPT_NORM], int(result[R_UPDATES]))
+        return int(result[R_MADE])
 
     def _predict_buffers(self, count):
         """predict_block's scratch of at least ``count`` steps: (scalars (count, 8), ks, cs)."""

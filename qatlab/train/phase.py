@@ -1,91 +1,39 @@
 r"""PhaseTrainer: full backward passes alternate with predicted gradients.
 
-Schedule (``PhaseConfig``; F, P = the current FULL and predict-block lengths)::
+Schedule (``PhaseConfig``; F, P = the current FULL and predict-block lengths; a cycle = a FULL run + its block)::
 
     WARMUP x warmup_steps (once) -> [ FULL x F -> predict block x P ] -> [ FULL x F -> ... ] ...
 
-Position j = 1..P of the predict block is CORRECT when it is the block's ``s``-th step or comes ``s``
-steps after the block's previous CORRECT step, else PREDICT; the spacing ``s`` starts at
-min(first_correct_every, correct_every) and each CORRECT step adds 1 to it, up to correct_every; it
-carries over from block to block (a ramp: early in training the real gradient turns within a few
-steps, and a long run of predicted steps along one overshoots). A cycle is one FULL run plus its
-predict block (just FULL when P = 0); with F = P = 0 every step after the warmup is FULL and no
-cycle ever completes. With the defaults (F=10, P=40 not adapted, correct_every=10,
-first_correct_every=2) the first block's CORRECT steps are at positions 2, 5, 9, 14, 20, 27, 35,
-the second's at 9, 19, 29, 39 and from the third on at 10, 20, 30, 40.
+A predict block's steps are PREDICT (predicted gradient, no backward pass) but for the CORRECT ones, ``s`` steps
+apart (real gradient; the prediction's error is folded into a correction and a gain: :mod:`qatlab.train.predictors`).
+``s`` starts at min(first_correct_every, correct_every), grows by 1 per CORRECT step up to correct_every and carries
+over between blocks (early in training the real gradient turns within a few steps). With the defaults a block's
+CORRECT steps are at positions 2, 5, 9, 14, 20, 27, 35 (first block), 9, 19, 29, 39 (second), then 10, 20, 30, 40.
+``speedup_ratio`` = total steps / backward steps; ``wallclock_speedup`` = mean backward-step seconds * total steps /
+total seconds (timed from begin_step to end_step).
 
-WARMUP, FULL and CORRECT steps run a backward pass; PREDICT steps do not::
-
-    speedup_ratio     = total steps / backward steps                      (step count)
-    wallclock_speedup = mean(backward-step seconds) * total steps / total seconds
-
-the latter measured from :meth:`PhaseTrainer.begin_step` to :meth:`PhaseTrainer.end_step`, and
-NaN until both kinds of step have been timed.
-
-Per step, in a training loop (``k`` = gradient_accumulation micro-batches)::
+``max_grad_norm`` > 0 scales every gradient handed out by max_grad_norm / (norm + 1e-6) when norm > max_grad_norm
+(as torch's clip_grad_norm_; the predictor gets the real gradient, mean of the k micro-batches, unclipped, and
+:attr:`~PhaseTrainer.clip_scale` lets a loop apply the clipping itself). Per step (``k`` = gradient_accumulation;
+backward_run, predicted_steps and predict_block_run make runs of steps in one call, booked the same way)::
 
     info = pt.begin_step()
-    if info.needs_backward:                       # WARMUP, FULL, CORRECT
-        for mb in range(k):
-            pt.record_full_gradients(grads_of(mb))   # real gradients; the mean of k is used
-        g = pt.gradients_for_update()             # clipped real gradient
-    else:                                         # PREDICT: no backward pass
-        g = pt.get_predicted_gradients()          # gain * (prediction + learned correction), clipped
-    if pt.lr_scale > 0:                           # the gain on PREDICT steps (no update at 0), else 1
+    if info.needs_backward:                          # WARMUP, FULL, CORRECT
+        for mb in range(k): pt.record_full_gradients(grads_of(mb))
+        g = pt.gradients_for_update()                # clipped real gradient
+    else:                                            # PREDICT
+        g = pt.get_predicted_gradients()             # gain * (prediction + correction), clipped
+    if pt.lr_scale > 0:                              # the gain on PREDICT steps (no update at 0), else 1
         optimizer.step(g, lr=scheduled_lr * pt.lr_scale)
     pt.end_step(loss)
 
-Every real gradient (mean of the k micro-batches) becomes the predictor's anchor; the real
-gradients of each WARMUP run and each FULL run form one block whose mean is a trend entry of
-the predictor (CORRECT gradients open no block). On CORRECT steps the prediction for that step
-is compared with the real gradient first and the error is folded into the correction and the
-gain that scales every prediction handed out (see :mod:`qatlab.train.predictors` for the
-formulas). ``max_grad_norm`` > 0 clips every gradient handed out to global norm <=
-max_grad_norm (factor max_grad_norm / (norm + 1e-6) when norm > max_grad_norm, as
-torch.nn.utils.clip_grad_norm_); the predictor keeps the unclipped gradient.
+``adaptive_phases``: at the end of a cycle with a predict block, with L_F / L_P the mean loss of its FULL steps /
+block (steps ended with ``end_step(None)`` left out) and F0, P0 the configured lengths, F kept in
+[max(1, F0 // 2), 2 F0] and P in [max(1, P0 // 2), 2 P0]; a block begun on the ramp moves nothing (r biased low)::
 
-Cost per step (flat gradients, ``gradient_accumulation`` = 1): a backward step makes three
-passes over the n floats besides the model's own work (copy + finiteness check + norm in one
-kernel, the block sum, the clipped copy handed out; the real gradient becomes the predictor's
-anchor by swapping buffers, not copying); a PREDICT step writes the prediction straight into
-the caller's array (one kernel that also returns its norm) and scales it there if clipped.
-A loop that owns its optimizer can skip the last pass of each: after one
-``record_full_gradients(flat)`` its own ``flat`` still holds the real gradient, and
-``get_predicted_gradients(flat, clip=False)`` leaves the prediction unscaled; either way
-:attr:`PhaseTrainer.clip_scale` is the factor to apply, e.g. as
-``optimizer.step(flat, grad_scale=pt.clip_scale)`` (what ``run_experiment`` does; for a model a
-:class:`~qatlab.train.fused_step.FusedStep` covers, a backward step is one fused call that writes the
-gradient into :meth:`PhaseTrainer.real_gradient_buffer` itself, see :meth:`~PhaseTrainer.record_written`).
-
-Runs of steps in one call: :meth:`PhaseTrainer.backward_run` makes up to
-:meth:`PhaseTrainer.backward_run_length` WARMUP/FULL steps through one caller-supplied call (e.g.
-:meth:`qatlab.train.fused_step.FusedStep.steps`), :meth:`PhaseTrainer.predicted_steps` up to
-:meth:`PhaseTrainer.predict_run_length` PREDICT steps in one Numba call that also updates a
-:class:`qatlab.optim.Optimizer`, and :meth:`PhaseTrainer.predict_block_run` up to
-:meth:`PhaseTrainer.predict_block_length` steps of a predict block (its PREDICT and CORRECT
-steps, to the block's end, each CORRECT step's fold and anchor swap included) through one
-caller-supplied call (e.g. :meth:`qatlab.train.fused_step.FusedStep.predict_block`, which times the two kinds
-inside its kernel: :mod:`qatlab.kernels.clock`); each books its steps exactly as the per-step
-protocol above.
-
-Adaptive phases (``adaptive_phases``), applied when a cycle with a predict block ends, with
-L_F / L_P the mean measured loss over that cycle's FULL steps / predict block (steps ended with
-``end_step(None)`` are left out)::
-
-    r = (L_P - L_F) / max(|L_F|, 1e-12)          (relative: loss_threshold is a fraction of L_F)
-    r > loss_threshold              -> F += max(1, F0 // 4), P -= max(1, P0 // 4)   (predictions hurt)
-    r < 0 in 2 cycles in a row      -> F -= max(1, F0 // 4), P += max(1, P0 // 4)   (loss keeps falling)
-
-The comparison is between block means, each a mean of minibatch losses: L_P averages few of
-them (the CORRECT steps, which come after the longest run of predicted steps, and the PREDICT
-steps whose loss the caller measured), so r is noisy. The rule stays the plain comparison (a
-noise guard kept longer predict blocks but lost accuracy): it errs towards real gradients.
-
-The lengths stay within F in [max(1, F0 // 2), 2 F0] and P in [max(1, P0 // 2), 2 P0] (F0, P0 =
-configured lengths; with P0 = 0 there is no predict block and nothing adapts). A cycle whose predict
-block began on the ramp (spacing < correct_every) moves nothing: its losses come from early training,
-when the loss falls fast and r is biased low (counting them let the lengths drift and cost accuracy).
-:meth:`PhaseTrainer.reset` restores the configured lengths (and everything else).
+    r = (L_P - L_F) / max(|L_F|, 1e-12)
+    r > loss_threshold          -> F += max(1, F0 // 4), P -= max(1, P0 // 4)   (predictions hurt)
+    r < 0 in 2 cycles in a row  -> F -= max(1, F0 // 4), P += max(1, P0 // 4)   (loss keeps falling)
 """
 from __future__ import annotations
 
@@ -101,7 +49,7 @@ from ..config import PhaseConfig
 from ..diverged import NonFiniteError
 from ..kernels import clock
 from ..kernels.dense import sum_squares
-from ..kernels.fused import predicted_steps
+from ..kernels.fused import BLOCK_RESULT, CORRECTION_COLUMNS, PREDICTOR_STATE, ROW_COLUMNS, predicted_steps
 from ..kernels.phase_kernels import copy_sum_squares
 from .predictors import CorrectionResult, ParamLayout, make_predictor
 from .ternary_accumulator import TernaryGradientAccumulator
@@ -143,8 +91,8 @@ _FULL, _PREDICT, _CORRECT = int(TrainingPhase.FULL), int(TrainingPhase.PREDICT),
 
 
 class StepInfo(NamedTuple):
-    """What :meth:`PhaseTrainer.begin_step` decided for one step (immutable; a named tuple is
-    built in 0.45 us, a frozen dataclass in 0.9 us, and one is built every step).
+    """What :meth:`PhaseTrainer.begin_step` decided for one step (immutable; a named tuple, as one
+    is built every step and a frozen dataclass is slower to build).
 
     phase_step: 0-based position in the current run (warmup, FULL run, or predict block:
     PREDICT and CORRECT share the block's count). total_step: 0-based step index. cycle:
@@ -262,7 +210,7 @@ class PhaseTrainer:
             raise TypeError(f"config: must be a PhaseConfig, got {type(config).__name__}")
         config.validate()
         self._config = config.copy()
-        c = self._config   # plain copies of what every step reads (a Param attribute costs ~1 us)
+        c = self._config   # plain copies of what every step reads (a Param attribute read is slow)
         self._warmup_steps, self._correct_every = int(c.warmup_steps), int(c.correct_every)
         self._first_spacing = min(int(c.first_correct_every), self._correct_every)
         self._accumulation, self._max_grad_norm = int(c.gradient_accumulation), float(c.max_grad_norm)
@@ -274,8 +222,10 @@ class PhaseTrainer:
         self._out_views = self._layout.views(self._out)
         self._predictor = make_predictor(config.predictor, n, self._config.prediction)
         self._checked_run_args = (None, None, None)   # predicted_steps' (opt, params, out) once checked
-        self._block_result, self._block_state = np.zeros(13), np.zeros(7)   # predict_block_run's kernel buffers
-        self._corrections, self._row_out = np.zeros((0, 6)), np.zeros((0, 5))
+        # predict_block_run's kernel buffers (named slots and columns: qatlab.kernels.fused)
+        self._block_result, self._block_state = np.zeros(len(BLOCK_RESULT)), np.zeros(len(PREDICTOR_STATE))
+        self._corrections = np.zeros((0, len(CORRECTION_COLUMNS)))
+        self._row_out = np.zeros((0, len(ROW_COLUMNS)))
         self._accumulator = None
         self._compressor = None
         self.reset()
@@ -846,15 +796,17 @@ class PhaseTrainer:
         pred.export_state(state)
         state[5], state[6] = self._spacing, self._next_correct      # the ramp, read by the kernel
         if len(self._corrections) < count:
-            self._corrections, self._row_out = np.zeros((count, 6)), np.zeros((count, 5))
+            self._corrections = np.zeros((count, len(CORRECTION_COLUMNS)))
+            self._row_out = np.zeros((count, len(ROW_COLUMNS)))
         run_anchor = pred.anchor
         made = make_steps(PredictBlock(pred.anchor, self._real, pred.trend, pred.correction, self._pred, pred.scores,
                                        first, pos, every, pred.has_trend, *pred.fold_constants(), self._max_grad_norm,
                                        self._max_grad_norm, rows, state, result, self._corrections, self._row_out,
                                        count, max(last_correct, rows[-1] if len(rows) else -1, -1)))
         t_kernel = _clock()
-        _, clipped, norm, loss, _, _, _, n_corr, _, _, correct_ns, bad_gradient, _ = result.tolist()
-        n_corr = int(n_corr)
+        r = dict(zip(BLOCK_RESULT, result.tolist()))
+        clipped, norm, loss, bad_gradient = r["clipped"], r["norm"], r["loss"], r["bad_gradient"]
+        n_corr, correct_ns = int(r["corrections"]), r["correct_ns"]
         by_step = {int(c[0]): c[1:] for c in self._corrections[:n_corr].tolist()}
         row_steps = [int(j) for j in rows if j < made]
         row_at = dict(zip(row_steps, self._row_out[:len(row_steps)].tolist()))
@@ -873,8 +825,8 @@ class PhaseTrainer:
                 self._book_run(TrainingPhase.PREDICT, 1, [losses[j]])
             booked = j + 1
             if j in row_at:
-                _, _, row_gain, row_norm, _ = row_at[j]
-                metrics.append({**self.step_metrics(), "prediction_gain": row_gain, "grad_norm": row_norm,
+                row = dict(zip(ROW_COLUMNS, row_at[j]))
+                metrics.append({**self.step_metrics(), "prediction_gain": row["gain"], "grad_norm": row["norm"],
                                 "corrections": self._corr_n})
         if made > booked:
             self._book_run(TrainingPhase.PREDICT, made - booked)

@@ -33,8 +33,10 @@ import math
 import numpy as np
 
 from ..config import PhaseConfig
+from ..kernels.fused import R_RIGHT, ROW_COLUMNS
 from .fused_step import BACKWARD, FORWARD
 from .phase import PhaseTrainer
+from .steppers import Parts, RowRecord, Steps
 
 # PhaseTrainer.step_metrics() key -> MetricsLog column (the dashboard reads these names).
 _COLUMNS = {"phase": "phase", "backward_passes": "backward_passes", "step_speedup": "speedup_steps",
@@ -46,13 +48,46 @@ _COLUMNS = {"phase": "phase", "backward_passes": "backward_passes", "step_speedu
 class PhaseStepper:
     """Runs one training step of ``mlp`` in phase mode; see the module doc."""
 
-    def __init__(self, cfg: PhaseConfig, mlp, scratch, grads, loss_fn, fused=None):
-        self.trainer = PhaseTrainer(mlp.param_shapes(), cfg)
+    def __init__(self, cfg: PhaseConfig, parts: Parts, fused=None):
+        self.trainer = PhaseTrainer(parts.mlp.param_shapes(), cfg)
         self.k = cfg.gradient_accumulation
-        self.mlp, self.scratch, self.grads, self.loss_fn = mlp, scratch, grads, loss_fn
+        self.parts = parts
+        self.mlp, self.scratch, self.grads, self.loss_fn = parts.mlp, parts.scratch, parts.grads, parts.loss_fn
         self.fused = fused   # a FusedStep of mlp and its optimizer (or None); see step()
+        self.targets = parts.loss_fn.fused_block(parts.y) if fused is not None else None   # its run arguments
         self.max_grad_norm = float(cfg.max_grad_norm)
         self._last_correction_step = -1
+
+    def advance(self, order, pos: int, step: int, limit: int) -> Steps:
+        """The next steps (:mod:`qatlab.train.steppers`): with a FusedStep, a run of WARMUP/FULL steps
+        or a predict block in one call; else one :meth:`step`."""
+        p = self.parts
+        if limit and (run := self.backward_run_length(limit)):
+            t_before = p.opt.t
+            self.backward_run(p.X, order[pos: pos + run * p.batch_size], run, **self.targets)
+            return p.fused_run(self.fused, t_before)
+        if run := self.block_run_length(-(-(len(order) - pos) // p.batch_size)):
+            return self._block(order, pos, step, run)
+        xb, yb = p.batch(order, pos)
+        lr = p.opt.lr
+        row_due = (step + 1) % p.every == 0 or step == 0    # a PREDICT step measures its loss only for a row
+        return p.one_step(self.step(xb, yb, p.update, need_loss=row_due), lr, yb)
+
+    def _block(self, order, pos: int, step: int, run: int) -> Steps:
+        """A :meth:`block_run` of ``run`` steps as :class:`Steps`, with the metrics rows it logged."""
+        p, bs = self.parts, self.parts.batch_size
+        t_before, left = p.opt.t, len(order) - pos
+        rows = [j for j in range(run) if (step + j + 1) % p.every == 0 or step + j == 0]
+        losses, correct, n_rows, records = self.block_run(p.X, order[pos: pos + run * bs], run, bs, rows=rows,
+                                                          **self.targets)
+        logged = [RowRecord(j, loss, seconds, p.opt.schedule(t_before + updates), sums, columns)
+                  for j, loss, seconds, updates, sums, columns in records]
+        counted = n_rows * sum(v is not None for v in losses)
+        return Steps(losses, p.opt.schedule(t_before), n_rows, correct, counted, min(len(losses) * bs, left), logged)
+
+    def diverged_at(self, step: int) -> int:
+        """The step a NonFiniteError raised by :meth:`advance` was seen at."""
+        return self.trainer.total_step + 1
 
     def step(self, xb: np.ndarray, yb: np.ndarray, update, need_loss: bool = True) -> float | None:
         """One step on the batch, then ``update(flat_grads, real_gradient, grad_scale, lr_scale)``
@@ -139,7 +174,7 @@ class PhaseStepper:
         non-finite loss that loss last; rows whose argmax is the label over the measured batches;
         the rows of each measured batch; per row step made: (its index, loss, seconds since the call
         began, optimizer updates made before it, :attr:`FusedStep.row_sums` row (float64, a copy),
-        its phase columns as :meth:`metrics` gives them))."""
+        its phase columns as :meth:`row_columns` gives them))."""
         trainer, B = self.trainer, batch_size
         full = len(idx) // B
         rows = list(rows)
@@ -151,9 +186,10 @@ class PhaseStepper:
         losses, metrics = trainer.predict_block_run(
             count, lambda run: self.fused.predict_block(X, idx[:full * B], B, run, **targets), rows)
         sums = self.fused.row_sums[:len(metrics)].copy()
-        records = [(j, out[0], out[1] * 1e-9, int(out[4]), row_sums, self._columns(raw, raw["corrections"]))
-                   for j, out, row_sums, raw in zip(rows, trainer.row_out.tolist(), sums, metrics)]
-        return losses, int(trainer.block_result[8]), B, records
+        outs = [dict(zip(ROW_COLUMNS, out)) for out in trainer.row_out.tolist()]
+        records = [(j, out["loss"], out["ns"] * 1e-9, int(out["updates"]), row_sums,
+                    self._columns(raw, raw["corrections"])) for j, out, row_sums, raw in zip(rows, outs, sums, metrics)]
+        return losses, int(trainer.block_result[R_RIGHT]), B, records
 
     def _loss(self, x, y, backward: bool) -> float:
         """The batch loss; with ``backward`` also its gradient in ``grads`` (unless not finite)."""
@@ -177,12 +213,12 @@ class PhaseStepper:
             self.trainer.end_step(loss)
         return loss
 
-    def metrics(self) -> dict:
+    def row_columns(self) -> dict:
         """Phase columns for the metrics row; prediction error/cosine only right after a correction."""
         return self._columns(self.trainer.step_metrics(), self.trainer.correction_count)
 
     def _columns(self, raw: dict, corrections: int) -> dict:
-        """:meth:`metrics` of the trainer's step_metrics() ``raw`` and correction count, taken at the
+        """:meth:`row_columns` of the trainer's step_metrics() ``raw`` and correction count, taken at the
         row's step."""
         row = {_COLUMNS[k]: v for k, v in raw.items() if k in _COLUMNS}
         if corrections == self._last_correction_step:
@@ -197,6 +233,6 @@ class PhaseStepper:
                 "speedup_wall": s.wallclock_speedup, "mean_prediction_cosine": s.mean_prediction_cosine,
                 "prediction_gain": s.prediction_gain}
 
-    def stats_dict(self) -> dict:
+    def stats(self) -> dict:
         """The full TrainerStats as a plain dict."""
         return self.trainer.get_stats().to_dict()

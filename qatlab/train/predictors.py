@@ -15,8 +15,7 @@ with ``block=True``, closed by :meth:`GradientPredictor.close_block` or by the n
 :class:`~qatlab.train.phase.PhaseTrainer` makes every WARMUP run and every FULL run one block;
 a CORRECT step's gradient replaces the anchor and feeds the correction but opens no block. Why:
 two consecutive minibatch gradients differ mostly by minibatch noise, so extrapolating their
-difference k steps amplifies noise by ~m k (measured on digits: mean cosine(predicted, real)
--0.23 and -11 pp accuracy over 4 seeds); the difference of two block means is the trend of the
+difference k steps amplifies noise by ~m k; the difference of two block means is the trend of the
 gradient between blocks with the noise averaged out, while the anchor keeps the prediction as
 fresh as the newest real gradient.
 
@@ -67,17 +66,10 @@ they point where the real gradients go, 0 when they do not (or point away). ``pr
 returns g_hat(t) unscaled (what ``fold`` measures); :class:`~qatlab.train.phase.PhaseTrainer`
 applies the gain, and the predicted step is made at learning rate ``gain * lr``
 (:attr:`~qatlab.train.phase.PhaseTrainer.lr_scale`): Adam divides by the root mean square of past
-gradients, so a gain on the gradient alone hardly shrinks its step and it kept moving along its
-momentum (on digits the batch loss doubled, 0.05 -> 0.12, over the nine PREDICT steps of a block).
-At gain 0 a predicted step makes no update at all.
-
-Measured on digits (``python -m qatlab.bench phase``, 5 optimizer seeds): applied as they are
-(the ``learned_gain off`` row), the predictions have a mean cosine of -0.35 with the real
-gradients on CORRECT steps and cost 5.2 pp of test accuracy on average (17.8 pp on the worst
-seed). With the gain on the gradient only: -0.1 pp (worst -1.1), 1.1x wall-clock; with the gain
-on the learning rate too: +0.0 pp (worst -0.8), 1.2-1.3x (median over the seeds), and the cosine
-rises to about 0 (the anti-correlation was the real gradient pulling back from that coasting).
-Over seeds 0-19 (the bench since): -3.7 pp without the gain, -0.5 pp with it.
+gradients, so a gain on the gradient alone hardly shrinks its step and it keeps moving along its
+momentum. At gain 0 a predicted step makes no update at all. Without the gain the predictions
+point away from the real gradients on average and cost test accuracy (``python -m qatlab.bench
+phase``, the ``learned_gain off`` row).
 """
 from __future__ import annotations
 

@@ -49,9 +49,9 @@ _turns: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = w
 def _build_turn() -> asyncio.Lock:
     """The running event loop's lock that rebuild pieces take turns on (FIFO).
 
-    Every session of a server shares its event loop. Without the turn, eight sessions
-    rebuilding at once each ran a piece in every loop turn, and a plain HTTP request, which
-    needs several loop turns, waited behind eight pieces per turn (2.1-2.9 s, measured).
+    Every session of a server shares its event loop. Without the turn, sessions rebuilding
+    at once would each run a piece in every loop turn, and a plain HTTP request, which needs
+    several loop turns, would wait behind one piece per session in each of them.
     """
     loop = asyncio.get_running_loop()
     lock = _turns.get(loop)
@@ -201,11 +201,10 @@ class LiveView(pn.viewable.Viewer):
 
     async def _rebuild_in_pieces(self, doc, build_id: int) -> None:
         """Run ``rebuild_steps()`` one piece (one figure) at a time, yielding to the event loop in
-        between: the server answers other requests and sessions
-        meanwhile instead of after the whole rebuild (eight sessions pressing Compare at once
-        held it for 5 s). The pieces of all sessions take turns (:func:`_build_turn`), so one
-        event-loop turn runs one piece, not one per rebuilding session. A newer rebuild request
-        abandons this one."""
+        between: the server answers other requests and sessions meanwhile instead of after the
+        whole rebuild (with several sessions pressing Compare at once, that would be seconds). The
+        pieces of all sessions take turns (:func:`_build_turn`), so one event-loop turn runs one
+        piece, not one per rebuilding session. A newer rebuild request abandons this one."""
         global _active_builds
         pieces = self.rebuild_steps()
         turn = _build_turn()

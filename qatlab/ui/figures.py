@@ -6,7 +6,7 @@ MetricsLog. Views pass in the ColumnDataSources they own (see
 
 Legends are built from *proxy* renderers: Bokeh re-renders a legend whenever anything reachable
 from its items changes, and a streaming source is reachable from a real line, so a plain legend
-was re-drawn on every tick (measured: a fifth of the browser's time with four runs streaming).
+would be re-drawn on every tick, a large share of the browser's time while runs stream.
 Each legend entry here points at a look-alike glyph with one NaN row (draws nothing); clicking it
 (``click_policy="hide"``) toggles the proxy, and a small ``CustomJS`` (holding model *ids*, not references) sets ``visible``
 on the real renderers.
@@ -16,8 +16,7 @@ not ``DataRange1d``, which refits and re-lays out the plot in the browser on eve
 
 Glyphs are added with ``add_glyph`` (one glyph model per line) rather than ``figure.line`` and
 friends, which also build selection, non-selection, hover and muted copies of every glyph (a
-quarter of the time of building the STE comparison's seven figures on the server's event loop;
-measured 0.53 -> 0.45 s per build with add_glyph).
+large part of the time of building the STE comparison's figures on the server's event loop).
 
 Stable names: every figure gets ``name="fig-<what>"`` and every glyph renderer
 ``name="<metric>-<run id>"`` (the callers choose them), so a browser test can find
@@ -74,7 +73,7 @@ TOOLS = "pan,box_zoom,wheel_zoom,reset,save"
 
 def style_text(fig) -> None:
     """Text sizes in px: the Fast theme's ``em`` sizes make the browser resolve computed styles on every
-    repaint (measured as the top cost of a 10 Hz stream into nine plots)."""
+    repaint, the top cost of streaming into many plots."""
     fig.title.text_font_size = "13px"
     for axis in fig.axis:
         axis.major_label_text_font_size = "11px"

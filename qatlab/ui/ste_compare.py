@@ -95,8 +95,8 @@ class SteCompareView(LiveView):
         self._bindings: list = []    # (renderer, kind, stream source attribute, name prefix) of every line
         self.summary = summary_frame({})
         # A fixed-height HTML table: re-rendering it once a second costs the browser almost nothing,
-        # while replacing a Tabulator's value re-lays out the whole page (measured: it dominated
-        # chromium's CPU while four runs streamed).
+        # while replacing a Tabulator's value re-lays out the whole page (the browser's main CPU cost
+        # while runs stream).
         self.table = pn.pane.HTML(summary_html(self.summary), css_classes=["qatlab-ste-summary"], height=170,
                                   sizing_mode="stretch_width", margin=(0, 10))
         self.intro = pn.pane.Markdown(INTRO, margin=(5, 10))
@@ -115,9 +115,8 @@ class SteCompareView(LiveView):
         """(Re)create all figures for the current comparison and plot options, yielding after building
         each figure (see :meth:`LiveView.request_rebuild`), then show them in two steps, the loss
         and accuracy figures, then the small multiples: each change of the shown layout makes the
-        browser lay out the whole page again (adding the six figures one by one cost chromium
-        ~1.5 s of one core while the runs started), and showing all six in one event-loop turn
-        took 0.2-0.5 s of the server's loop (eight sessions pressing Compare at once)."""
+        browser lay out the whole page again (so not one by one), and showing all six in one
+        event-loop turn would hold up the server's loop when several sessions press Compare at once."""
         if not self.runs:
             self.figures = {}
             self._plots.objects = []

@@ -11,11 +11,9 @@ four ColumnDataSources for the run:
     every training metric, streamed on every :data:`DETAIL_EVERY`-th tick (the rows of the ticks
     between wait in the RunStream; a run that has ended streams them on the next tick): the
     browser applies each stream to every glyph drawn from the source and repaints its figure, and
-    with four runs compared that is ~40 glyphs in six figures.
-    Measured with four runs compared (Chromium on the same two cores as the server, which
-    the training then lacks): streaming them every tick, Chromium used 0.66-0.81 cores; every 2nd
-    tick 0.51-0.67; every 4th tick, the eval rows too, 0.39-0.41; every 10th (1 Hz) 0.34-0.36.
-    Each of the four small multiples costs Chromium ~13 ms a refresh whatever its point count.
+    with four runs compared that is ~40 glyphs in six figures. Streaming them less often cuts the
+    browser's CPU use (on a small machine it shares the cores with the server and the training);
+    each small multiple costs about the same per refresh whatever its point count.
     One row per logged training step: ``step``, ``epoch``, ``time``, ``loss``, ``lr``,
     ``steps_per_second``, ``active_grad_fraction``, per layer ``grad_norm_<i>``,
     ``noise_mse_<i>``, ``sqnr_db_<i>``, ``scale_<i>``, ``saturation_<i>``,
@@ -44,9 +42,8 @@ A run that logs more than planned overflows; then every other row is dropped
 (``k % (2 * stride) == 0`` is kept), the source is resent whole, and the stride doubles. So the
 whole history stays visible at bounded cost, like the MetricsLog's own thinning (the full log
 stays in the run, up to ``MetricsLog.capacity`` rows, default 100k). Why plan: thinning as the
-rows arrive resent each source whole at every doubling (a training source of 1000 rows is
-~190 KB of JSON), and streamed every row until the first one: with four 8-second runs compared
-the page received 2.2 MB in 3 s, one tick of them 1.1 MB.
+rows arrive would resend each source whole (a full training source is a few hundred KB of JSON)
+at every doubling, and stream every row until the first one: megabytes in a comparison's first seconds.
 
 Thread rule: the hub is touched only on the session's event loop (the periodic
 callback or a widget callback). Runs append to their MetricsLogs from other threads (the Dask
