@@ -303,6 +303,7 @@ def test_predicted_steps_kernel_matches_prediction_then_update(opt, max_norm, ow
     (SGD, momentum, Adam), step by step: in one pass while the clipping cannot bind (off, or far
     away), in three when it may (0.5 binds) or the optimizer clips on its own (own_clip)."""
     from qatlab.kernels.fused import _update, predicted_steps
+    from qatlab.kernels.state import Opt
     from qatlab.kernels.phase_kernels import anchor_trend
 
     rng = np.random.default_rng(3)
@@ -318,14 +319,14 @@ def test_predicted_steps_kernel_matches_prediction_then_update(opt, max_norm, ow
     v = np.abs(v)
     p2, m2, v2 = p.copy(), m.copy(), v.copy()
     out, out2 = np.zeros(n, np.float32), np.zeros(n, np.float32)
-    clipped, norm, opt_norm = predicted_steps(anchor, trend, ks, corr, cs, gain, max_norm, out, opt, m, v, p, scs)
+    clipped, norm, opt_norm = predicted_steps(anchor, trend, ks, corr, cs, gain, max_norm, out, tuple(Opt(opt, m, v)), p, scs)
     ref_clipped = 0
     for j in range(steps):
         ref_norm = math.sqrt(anchor_trend(anchor, trend, ks[j], corr, cs[j], out2) * gain * gain)
         scale = 1.0
         if max_norm > 0 and ref_norm > max_norm:
             scale, ref_clipped = max_norm / (ref_norm + 1e-6), ref_clipped + 1
-        ref_opt_norm = _update(opt, m2, v2, p2, out2, scs[j], scale * gain)
+        ref_opt_norm = _update(Opt(opt, m2, v2), p2, out2, scs[j], scale * gain)
     assert (clipped, norm) == (ref_clipped, ref_norm) and (ref_clipped > 0) == (max_norm == 0.5)
     assert opt_norm == ref_opt_norm if own_clip else math.isnan(opt_norm) and math.isnan(ref_opt_norm)
     for a, b in ((p, p2), (m, m2), (v, v2), (out, out2)):

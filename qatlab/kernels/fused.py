@@ -14,8 +14,9 @@ training's :func:`predicted_steps` (predicted gradients and their updates) and
 predictor, and the metrics rows due among them: a PREDICT row step's loss and each layer's
 :func:`layer_sums`).
 
-Layer arrays come as tuples with one entry per layer (a float layer passes its latent weights
-as its "quantized" weights too). ``np.dot`` inside ``njit`` binds SciPy's BLAS.
+The model, its activations, the optimizer and a run's batches, outputs and predictor travel as the
+named structures of :mod:`qatlab.kernels.state` (passed as plain tuples, named on entry). ``np.dot``
+inside ``njit`` binds SciPy's BLAS.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from .optim_kernels import (_adam_kernel, _momentum_kernel, _sgd_kernel, adam_co
 from .clock import monotonic_ns
 from .phase_kernels import (anchor_trend, clamp01, compare_vectors, copy_sum_squares, fold_correction, norms3,
                             prediction, relative_error_cosine)
+from .state import Activations, Batches, BlockOut, BlockPlan, Net, Opt, Predictor, RunOut, Schedule, Stash
 
 FORWARD, BACKWARD, UPDATE = 0, 1, 2   # how far a step goes: loss only, + gradients, + optimizer update
 
@@ -49,18 +51,13 @@ PREDICTOR_STATE = ("anchor_step", "correction_step", "gain", "gain_num", "gain_d
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def train_step(x, labels, targets, stage, act, ternary, stes, alphas,
-               ws, bs, wqs, hs, ds, dws, dbs, opt, state0, state1, p, g, sc, stash, clip):
+def train_step(x, labels, targets, stage, net, acts, opt, sc, stash, clip):
     """Forward, loss, and (stage >= BACKWARD) backward, (stage == UPDATE) optimizer update.
 
     x (B, in) float32; labels int64 (B,) for softmax cross-entropy, or targets (B, K) float32 for
-    MSE (the other one has 0 rows); act: hidden activation code. Per layer i (tuples of L arrays):
-    ternary[i] 1 = absmean ternary weights, 0 = float; stes[i] the ternary STE code; alphas[i]
-    receives the layer's alpha; ws[i] latent W (out, in); bs[i] bias (out,); wqs[i] the weights
-    used (out, in) (ws[i] itself for a float layer); hs[i] outputs (B, out); ds[i] deltas (B, out)
-    (ds[-1] receives dL/dy); dws[i], dbs[i] the gradients (views of g); p, g the flat parameters
-    and gradients (n,). opt (0 SGD, 1 momentum, 2 Adam), state0, state1 (its buffers): from
-    :meth:`qatlab.optim.Optimizer.fused_kernel`; sc float64 (8,): from its ``fused_scalars(lr)``.
+    MSE (the other one has 0 rows); net a :class:`~qatlab.kernels.state.Net`, acts its
+    :class:`~qatlab.kernels.state.Activations` at batch size B, opt an :class:`~qatlab.kernels.state.Opt`
+    (as tuples); sc float64 (8,): the optimizer's ``fused_scalars(lr)``.
     stash: float32 (n,) or (0,): at stage UPDATE the gradient is first copied there and its sum of
     squares s measured (:func:`~qatlab.kernels.phase_kernels.copy_sum_squares`); the update then
     uses it times clip / (sqrt(s) + 1e-6) when clip > 0 and sqrt(s) > clip (no update if s is not
@@ -70,16 +67,18 @@ def train_step(x, labels, targets, stage, act, ternary, stes, alphas,
     NaN without a stash). Stops after the forward when an alpha or the loss is not finite (loss
     NaN): nothing else is written then.
     """
+    net, acts, opt = Net(*net), Activations(*acts), Opt(*opt)
+    ws, wqs, hs, ds, alphas = net.ws, net.wqs, acts.hs, acts.ds, net.alphas
     L = len(ws)
     a = x
     for i in range(L):
-        if ternary[i]:
+        if net.ternary[i]:
             al = ternary_forward(ws[i].reshape(ws[i].size), wqs[i].reshape(wqs[i].size))
             if not np.isfinite(al):
                 return math.nan, math.nan, math.nan
             alphas[i] = al
         np.dot(a, wqs[i].T, hs[i])
-        bias_act_inplace(hs[i], bs[i], IDENTITY if i == L - 1 else act)
+        bias_act_inplace(hs[i], net.bs[i], IDENTITY if i == L - 1 else net.act)
         a = hs[i]
     if labels.shape[0] > 0:
         loss = softmax_cross_entropy(hs[L - 1], labels, ds[L - 1])
@@ -89,40 +88,41 @@ def train_step(x, labels, targets, stage, act, ternary, stes, alphas,
         return loss, math.nan, math.nan
     for i in range(L - 1, -1, -1):
         d = ds[i]
-        act_backward_inplace(d, hs[i], IDENTITY if i == L - 1 else act, dbs[i])
-        np.dot(d.T, x if i == 0 else hs[i - 1], dws[i])
-        if ternary[i] and stes[i] != 0:
-            dw = dws[i].reshape(dws[i].size)
-            ternary_backward(ws[i].reshape(ws[i].size), dw, stes[i], alphas[i], dw)
+        act_backward_inplace(d, hs[i], IDENTITY if i == L - 1 else net.act, net.dbs[i])
+        np.dot(d.T, x if i == 0 else hs[i - 1], net.dws[i])
+        if net.ternary[i] and net.stes[i] != 0:
+            dw = net.dws[i].reshape(net.dws[i].size)
+            ternary_backward(ws[i].reshape(ws[i].size), dw, net.stes[i], alphas[i], dw)
         if i > 0:
             np.dot(d, wqs[i], ds[i - 1])
     if stage == BACKWARD:
         return loss, math.nan, math.nan
     gscale, sumsq = 1.0, math.nan
     if stash.shape[0] > 0:
-        sumsq = copy_sum_squares(g, stash)
+        sumsq = copy_sum_squares(net.g, stash)
         if not np.isfinite(sumsq):
             return loss, math.nan, sumsq
         if clip > 0 and math.sqrt(sumsq) > clip:
             gscale = clip / (math.sqrt(sumsq) + 1e-6)
-    return loss, _update(opt, state0, state1, p, g, sc, gscale), sumsq
+    return loss, _update(opt, net.p, net.g, sc, gscale), sumsq
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _update(opt, state0, state1, p, g, sc, gscale):
-    """The optimizer step from gscale * g, clipped by its own max_grad_norm sc[0] as
-    ``Optimizer.step(grad_scale=gscale)`` does; returns that norm before its clipping (NaN if off)."""
+def _update(opt, p, g, sc, gscale):
+    """The optimizer step of p (opt an :class:`~qatlab.kernels.state.Opt`) from gscale * g, clipped by its
+    own max_grad_norm sc[0] as ``Optimizer.step(grad_scale=gscale)`` does; returns that norm before its
+    clipping (NaN if off)."""
     norm = math.nan
     if sc[0] > 0:
         norm = math.sqrt(sum_squares(g)) * gscale
         if norm > sc[0]:
             gscale = gscale * sc[0] / (norm + 1e-6)
-    if opt == 0:
+    if opt.kind == 0:
         _sgd_kernel(p, g, gscale, sc[1], sc[2], sc[3])
-    elif opt == 1:
-        _momentum_kernel(p, g, state0, gscale, sc[1], sc[2], sc[3], sc[4])
+    elif opt.kind == 1:
+        _momentum_kernel(p, g, opt.state0, gscale, sc[1], sc[2], sc[3], sc[4])
     else:
-        _adam_kernel(p, g, state0, state1, gscale, sc[1], sc[2], sc[3], sc[4], sc[5], sc[6], sc[7])
+        _adam_kernel(p, g, opt.state0, opt.state1, gscale, sc[1], sc[2], sc[3], sc[4], sc[5], sc[6], sc[7])
     return norm
 
 
@@ -143,76 +143,75 @@ def batch_rows_error(idx, n_rows, labels, n_classes):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _gather(X, Y, T, idx, j, mse_loss, xb, labels, targets):
-    """Batch j of :func:`train_steps` into xb, labels, targets; returns the (labels, targets) a
-    train_step on it takes (one of them with 0 rows)."""
-    B = xb.shape[0]
-    has_labels = Y.shape[0] > 0
+def _gather(b, j):
+    """Batch j of the :class:`~qatlab.kernels.state.Batches` b into b.xb, b.labels, b.targets; returns the
+    (labels, targets) a train_step on it takes (one of them with 0 rows)."""
+    B = b.xb.shape[0]
+    has_labels = b.Y.shape[0] > 0
     for r in range(B):
-        row = idx[j * B + r]
-        xb[r, :] = X[row, :]
+        row = b.idx[j * B + r]
+        b.xb[r, :] = b.X[row, :]
         if has_labels:
-            labels[r] = Y[row]
-            if mse_loss:
-                targets[r, :] = 0.0
-                targets[r, Y[row]] = 1.0
+            b.labels[r] = b.Y[row]
+            if b.mse_loss:
+                b.targets[r, :] = 0.0
+                b.targets[r, b.Y[row]] = 1.0
         else:
-            targets[r, :] = T[row, :]
-    return (labels[:0], targets) if mse_loss else (labels, targets[:0])
+            b.targets[r, :] = b.T[row, :]
+    return (b.labels[:0], b.targets) if b.mse_loss else (b.labels, b.targets[:0])
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def train_steps(X, Y, T, idx, mse_loss, xb, labels, targets, act, ternary, stes, alphas, ws, bs, wqs, hs, ds,
-                dws, dbs, opt, state0, state1, p, g, scs, stash, clip, acc, acc_fresh, losses, correct, norms, sumsqs):
+def train_steps(batches, net, acts, opt, scs, stash, out):
     """``len(scs)`` UPDATE steps of :func:`train_step` in a row, each on its own batch gathered here.
 
-    X (n, in) float32: the whole training split; Y (n,) int64 labels, or T (n, K) float32 targets
-    (the other one has 0 rows); idx int64 (steps * B,): batch j is rows ``idx[j*B:(j+1)*B]`` (B =
-    xb's rows). xb (B, in) float32 receives each batch, labels int64 (B,) its labels (with labels),
-    targets float32 (B, K) its MSE targets: T's rows, or the one-hot rows of its labels as
-    :class:`qatlab.train.loss.BatchLoss` makes them. mse_loss: MSE, else softmax cross-entropy
-    (labels only). scs float64 (steps, 8): each step's optimizer scalars
-    (``Optimizer.fused_scalars``). stash, clip: as in train_step, every step (stash (0,): none);
-    acc float32 (n,) or (0,): each step's stashed gradient is added to it (float32 adds; with
-    acc_fresh the first one is copied). Step j writes losses[j], norms[j], sumsqs[j] (train_step's)
-    and correct[j] (rows whose argmax is the label; 0 without labels).
+    batches a :class:`~qatlab.kernels.state.Batches` (MSE targets: T's rows, or the one-hot rows of
+    its labels as :class:`qatlab.train.loss.BatchLoss` makes them); net, acts, opt as in train_step;
+    scs float64 (steps, 8): each step's optimizer scalars (``Optimizer.fused_scalars``). stash a
+    :class:`~qatlab.kernels.state.Stash`: stash and clip as in train_step, every step; each stashed
+    gradient added to acc (float32 adds). Step j writes the :class:`~qatlab.kernels.state.RunOut`
+    out's losses[j], norms[j], sumsqs[j] (train_step's) and correct[j] (rows whose argmax is the
+    label; 0 without labels).
 
     Returns the steps made: all, or j + 1 when step j's loss (or an alpha) or its stashed
     gradient is not finite -- that step updated nothing (acc included), as in train_step, and the
     later ones did not run.
     """
-    has_labels = Y.shape[0] > 0
+    b, s, out = Batches(*batches), Stash(*stash), RunOut(*out)
+    has_labels = b.Y.shape[0] > 0
+    hs = Activations(*acts).hs
     for j in range(scs.shape[0]):
-        step_labels, step_targets = _gather(X, Y, T, idx, j, mse_loss, xb, labels, targets)
-        loss, norm, sumsq = train_step(xb, step_labels, step_targets, UPDATE, act, ternary, stes, alphas, ws, bs,
-                                       wqs, hs, ds, dws, dbs, opt, state0, state1, p, g, scs[j], stash, clip)
-        losses[j], norms[j], sumsqs[j] = loss, norm, sumsq
-        if not np.isfinite(loss) or (stash.shape[0] > 0 and not np.isfinite(sumsq)):
+        step_labels, step_targets = _gather(b, j)
+        loss, norm, sumsq = train_step(b.xb, step_labels, step_targets, UPDATE, net, acts, opt, scs[j], s.stash,
+                                       s.clip)
+        out.losses[j], out.norms[j], out.sumsqs[j] = loss, norm, sumsq
+        if not np.isfinite(loss) or (s.stash.shape[0] > 0 and not np.isfinite(sumsq)):
             return j + 1
-        if acc.shape[0] > 0:
-            if acc_fresh and j == 0:
-                for i in range(acc.shape[0]):
-                    acc[i] = stash[i]
+        if s.acc.shape[0] > 0:
+            if s.acc_fresh and j == 0:
+                for i in range(s.acc.shape[0]):
+                    s.acc[i] = s.stash[i]
             else:
-                for i in range(acc.shape[0]):
-                    acc[i] += stash[i]
-        correct[j] = count_correct(hs[len(hs) - 1], labels) if has_labels else 0
+                for i in range(s.acc.shape[0]):
+                    s.acc[i] += s.stash[i]
+        out.correct[j] = count_correct(hs[len(hs) - 1], b.labels) if has_labels else 0
     return scs.shape[0]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _predicted_update(opt, state0, state1, p, sc, gscale, anchor, trend, k, corr, corr_scale, out):
+def _predicted_update(opt, p, sc, gscale, anchor, trend, k, corr, corr_scale, out):
     """:func:`_update` from gscale * g with g = anchor_trend(anchor, trend, k, corr, corr_scale)
     made element by element in the same loop (also written to out), without the optimizer's own
     clipping (sc[0] must be 0): one pass over the arrays instead of three (prediction, its sum of
     squares, update), with the numbers of anchor_trend followed by :func:`_update`."""
     kf, sf = np.float32(k), np.float32(corr_scale)
-    if opt == 0:
+    state0, state1 = opt.state0, opt.state1
+    if opt.kind == 0:
         gs, l2f, dec, lrf = sgd_constants(gscale, sc[1], sc[2], sc[3])
         for i in range(p.shape[0]):
             g = out[i] = prediction(anchor[i], trend[i], kf, corr[i], sf)
             p[i] = sgd_element(p[i], g, gs, l2f, dec, lrf)
-    elif opt == 1:
+    elif opt.kind == 1:
         gs, l2f, dec, lrf, muf = momentum_constants(gscale, sc[1], sc[2], sc[3], sc[4])
         for i in range(p.shape[0]):
             g = out[i] = prediction(anchor[i], trend[i], kf, corr[i], sf)
@@ -227,11 +226,12 @@ def _predicted_update(opt, state0, state1, p, sc, gscale, anchor, trend, k, corr
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def predicted_steps(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, opt, state0, state1, p, scs):
+def predicted_steps(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, opt, p, scs):
     """``len(ks)`` predicted steps of phase training, each ``out = anchor_trend(anchor, trend, ks[j],
     corr, corr_scales[j])`` (the prediction) and an optimizer update from ``gain * out`` clipped
     to global norm ``max_norm`` (0: off) as PhaseTrainer clips, by the optimizer of
-    :func:`train_step` (``opt``, its states and ``scs[j]`` as there); no update when gain is 0.
+    :func:`train_step` (``opt`` an :class:`~qatlab.kernels.state.Opt` tuple, ``scs[j]`` as there); no update
+    when gain is 0.
 
     A step that cannot be clipped -- max_norm 0, or gain * (|anchor| + |k| |trend| + |s| |corr|)
     (triangle inequality, with a 1e-6 margin for rounding) <= max_norm -- and whose optimizer does
@@ -242,7 +242,7 @@ def predicted_steps(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, o
     (steps, 8). Returns (steps whose gradient was clipped, the last step's norm of gain * out,
     the last step's norm as the optimizer's own clipping measured it: NaN unless that is on).
     """
-    return _predicted_run(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, opt, state0, state1, p, scs,
+    return _predicted_run(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, Opt(*opt), p, scs,
                           _clip_bounds(anchor, trend, corr, gain, max_norm))
 
 
@@ -256,7 +256,7 @@ def _clip_bounds(anchor, trend, corr, gain, max_norm):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _predicted_run(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, opt, state0, state1, p, scs, bounds):
+def _predicted_run(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, opt, p, scs, bounds):
     """:func:`predicted_steps` with the clipping bounds given (:func:`_clip_bounds`: computed once
     by a caller that makes its predicted steps in two parts)."""
     clipped = 0
@@ -272,7 +272,7 @@ def _predicted_run(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, op
         bound = gain * (bound_a + abs(k) * bound_t + abs(s) * bound_c) * (1.0 + 1e-6)
         one_pass = scs[j, 0] == 0.0 and (max_norm == 0.0 or bound <= max_norm)
         if one_pass:
-            _predicted_update(opt, state0, state1, p, scs[j], gain, anchor, trend, k, corr, s, out)
+            _predicted_update(opt, p, scs[j], gain, anchor, trend, k, corr, s, out)
             continue
         sumsq = anchor_trend(anchor, trend, k, corr, s, out)
         norm = math.sqrt(sumsq * gain * gain)
@@ -280,7 +280,7 @@ def _predicted_run(anchor, trend, ks, corr, corr_scales, gain, max_norm, out, op
         if max_norm > 0 and norm > max_norm:
             scale = max_norm / (norm + 1e-6)
             clipped += 1
-        opt_norm = _update(opt, state0, state1, p, out, scs[j], scale * gain)
+        opt_norm = _update(opt, p, out, scs[j], scale * gain)
     if one_pass:                                 # the last step's norm, measured once
         norm, opt_norm = math.sqrt(sum_squares(out) * gain * gain), math.nan
     return clipped, norm, opt_norm
@@ -306,33 +306,37 @@ def layer_sums(w, dw, used, ternary, alpha, out):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _row_sums(ws, dws, wqs, ternary, alphas, out):
-    """:func:`layer_sums` of every layer into out[LAYER_SUMS * i:]."""
-    for i in range(len(ws)):
-        layer_sums(ws[i].reshape(ws[i].size), dws[i].reshape(dws[i].size), wqs[i].reshape(wqs[i].size), ternary[i],
-                   alphas[i], out[LAYER_SUMS * i:LAYER_SUMS * (i + 1)])
+def _row_sums(net, out):
+    """:func:`layer_sums` of every layer of the :class:`~qatlab.kernels.state.Net` net into out[LAYER_SUMS * i:]."""
+    for i in range(len(net.ws)):
+        w, dw, wq = net.ws[i], net.dws[i], net.wqs[i]
+        layer_sums(w.reshape(w.size), dw.reshape(dw.size), wq.reshape(wq.size), net.ternary[i], net.alphas[i],
+                   out[LAYER_SUMS * i:LAYER_SUMS * (i + 1)])
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every, has_trend, decay, weight, threshold,
-                  learn_gain, max_norm, clip, rows, pstate, out, X, Y, T, idx, mse_loss, xb, labels, targets,
-                  act, ternary, stes, alphas, ws, bs, wqs, hs, ds, dws, dbs, opt, state0, state1, consts, t0, lrs, p,
-                  g, scs, ks, cs, result, corrections, row_out, row_sums):
-    """``len(lrs)`` steps of phase training's predict block in one call, from step ``first`` at block
-    position ``pos`` (1-based): the step at position ``pstate[6]`` is CORRECT, and after a CORRECT
-    step at position j the spacing ``pstate[5]`` grows by 1 up to ``every`` and the next CORRECT
-    step is at j + spacing (PhaseTrainer's ramp); the others are PREDICT; each one as
-    PhaseTrainer's per-step protocol makes it, timed by kind.
+def predict_block(predictor, plan, batches, net, acts, opt, schedule, out):
+    """``len(lrs)`` steps of phase training's predict block in one call. Arguments (as tuples):
+    :class:`~qatlab.kernels.state.Predictor`, :class:`~qatlab.kernels.state.BlockPlan` (first, pos,
+    every, has_trend, decay, weight, threshold, learn_gain, max_norm, clip, rows below),
+    :class:`~qatlab.kernels.state.Batches`, net, acts and opt as in :func:`train_step`,
+    :class:`~qatlab.kernels.state.Schedule` (consts, t0, lrs, scs, ks, cs) and
+    :class:`~qatlab.kernels.state.BlockOut` (result, corrections, row_out, row_sums).
+
+    From step ``first`` at block position ``pos`` (1-based): the step at position ``pstate[6]`` is
+    CORRECT, and after a CORRECT step at position j the spacing ``pstate[5]`` grows by 1 up to
+    ``every`` and the next CORRECT step is at j + spacing (PhaseTrainer's ramp); the others are
+    PREDICT; each one as PhaseTrainer's per-step protocol makes it, timed by kind.
 
     Predictor: ``anchor`` and ``staging`` float32 (n,) (the anchor g1; the buffer a CORRECT step's
     real gradient goes to -- it then becomes the anchor and the old anchor the next staging
     buffer), ``trend``, ``corr`` (the correction, folded in place), ``pred`` (a CORRECT step's
-    prediction), ``scores`` float64 (4,) (its comparison); ``pstate`` float64 (:data:`PREDICTOR_STATE`) in/out:
-    anchor_step, correction_step (-1: none), gain, the gain's running sums a.p and p.p, the CORRECT
-    spacing and the block position of the next CORRECT step (the last two are read, and written
-    back as the steps made left them). A step
-    s predicts ``anchor_trend(anchor, trend, k, corr, c)`` with k = s - anchor_step (0 without a
-    trend: ``has_trend``), c = decay^(s - correction_step) (0 with none).
+    prediction), ``scores`` float64 (4,) (its comparison); ``pstate`` (its ``state``, float64
+    (:data:`PREDICTOR_STATE`)) in/out: anchor_step, correction_step (-1: none), gain, the gain's running
+    sums a.p and p.p, the CORRECT spacing and the block position of the next CORRECT step (the last
+    two are read, and written back as the steps made left them). A step s predicts
+    ``anchor_trend(anchor, trend, k, corr, c)`` with k = s - anchor_step (0 without a trend:
+    ``has_trend``), c = decay^(s - correction_step) (0 with none).
 
     - PREDICT: :func:`predicted_steps` (gain, max_norm) at ``lrs[u] * gain``.
     - CORRECT: :func:`train_step` UPDATE at ``lrs[u]``, its real gradient into staging, clipped to
@@ -341,18 +345,17 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
       (relative error > ``threshold``) or folded (``weight``); then the swap of anchor and staging.
     - ``rows`` int64 (r,), increasing: the steps (run indices) that log a metrics row. A PREDICT one
       first measures its loss (a forward pass on its batch); after the step, row_out[c] (float64
-      (r, :data:`ROW_COLUMNS`)) receives its loss, nanoseconds since the call began, the gain, the norm of its
-      gradient (gain * prediction, or the real one) and the optimizer updates made before it, and
-      row_sums[c] (float64 (r, LAYER_SUMS *
-      layers)) :func:`layer_sums` of each layer (its weights, gradient -- the prediction on a
-      PREDICT step -- and used weights).
+      (r, :data:`ROW_COLUMNS`)) receives its loss, nanoseconds since the call began, the gain, the
+      norm of its gradient (gain * prediction, or the real one) and the optimizer updates made
+      before it, and row_sums[c] (float64 (r, LAYER_SUMS * layers)) :func:`layer_sums` of each layer
+      (its weights, gradient -- the prediction on a PREDICT step -- and used weights).
 
     u counts the optimizer updates made (none at gain 0): update u is the optimizer's step t0 + u
     + 1 at the learning rate lrs[u] (float64 (steps,): the schedule's at t0 + u) times the gain,
     its scalars from :func:`~qatlab.kernels.optim_kernels.fused_row` (opt, consts) into scs
-    (float64 (steps, 8) scratch). ks, cs float64 (steps,) scratch. Batch j (of step j) is rows
-    ``idx[j*B:(j+1)*B]`` of X (B = xb's rows; Y, T, mse_loss, xb, labels, targets as in
-    :func:`train_steps`; only the batches of CORRECT steps and measured ones are read).
+    (float64 (steps, 8) scratch). ks, cs float64 (steps,) scratch. Batch j (of step j) is as in
+    :func:`train_steps`; only the batches of CORRECT steps and measured ones are read. PREDICT steps
+    write their prediction to net.g, where a CORRECT step's real gradient goes too.
 
     result (:data:`BLOCK_RESULT`) receives: steps made, PREDICT steps clipped, the last step's gradient
     norm (gain * prediction, or the real one), the last measured loss (NaN if none), optimizer
@@ -367,6 +370,10 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
     Stops before a step whose loss (or an alpha) is not finite, and before a CORRECT step whose
     gradient is not finite: neither makes an update, and the steps made are the ones before.
     """
+    pr, pl, b, model, o = Predictor(*predictor), BlockPlan(*plan), Batches(*batches), Net(*net), Opt(*opt)
+    sch, bo = Schedule(*schedule), BlockOut(*out)
+    anchor, staging, trend, corr, pred, scores, pstate = pr
+    lrs, scs, ks, cs, result, rows = sch.lrs, sch.scs, sch.ks, sch.cs, bo.result, pl.rows
     t_start = monotonic_ns()
     count = lrs.shape[0]
     anchor_step, corr_step, gain, g_num, g_den = pstate[0], pstate[1], pstate[2], pstate[3], pstate[4]  # in order
@@ -376,30 +383,31 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
     a_buf, s_buf = anchor, staging
     u = made = n_corr = right = ri = 0
     ns_correct = 0
-    has_labels = Y.shape[0] > 0
+    has_labels = b.Y.shape[0] > 0
+    hs = Activations(*acts).hs
     stopped = False
     while made < count and not stopped:
         j = made
-        while j < count and pos + j != next_correct:
+        while j < count and pl.pos + j != next_correct:
             j += 1
         n = j - made                                   # PREDICT steps before step j (CORRECT, or the end)
         if n > 0:
             for q in range(n):
-                step = first + made + q
-                ks[q] = np.float64(step - anchor_step) if has_trend else 0.0
-                cs[q] = decay ** np.float64(step - corr_step) if corr_step >= 0 else 0.0
+                step = pl.first + made + q
+                ks[q] = np.float64(step - anchor_step) if pl.has_trend else 0.0
+                cs[q] = pl.decay ** np.float64(step - corr_step) if corr_step >= 0 else 0.0
             n_upd = n if gain != 0.0 else 0
             for q in range(n_upd):
-                fused_row(opt, consts, t0 + u + q + 1, lrs[u + q] * gain, scs[q])
-            bounds = _clip_bounds(a_buf, trend, corr, gain, max_norm)
+                fused_row(o.kind, sch.consts, sch.t0 + u + q + 1, lrs[u + q] * gain, scs[q])
+            bounds = _clip_bounds(a_buf, trend, corr, gain, pl.max_norm)
             q, base = 0, made
             while q < n:
                 row = ri < rows.shape[0] and rows[ri] < base + n    # the next row's step is in this stretch
                 end = rows[ri] - base if row else n
                 if end > q:                                    # the PREDICT steps before it
-                    clipped, result[R_NORM], opt_norm = _predicted_run(a_buf, trend, ks[q:end], corr, cs[q:end], gain,
-                                                                  max_norm, out, opt, state0, state1, p,
-                                                                  scs[q:min(end, n_upd)], bounds)
+                    clipped, result[R_NORM], opt_norm = _predicted_run(a_buf, trend, ks[q:end], corr, cs[q:end],
+                                                                       gain, pl.max_norm, model.g, o, model.p,
+                                                                       scs[q:min(end, n_upd)], bounds)
                     result[R_CLIPPED] += clipped
                     made += end - q
                     if n_upd:
@@ -407,36 +415,35 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
                         result[R_LR], result[R_OPT_NORM] = lrs[u - 1] * gain, opt_norm
                 if not row:
                     break
-                step_labels, step_targets = _gather(X, Y, T, idx, made, mse_loss, xb, labels, targets)
-                loss = train_step(xb, step_labels, step_targets, FORWARD, act, ternary, stes, alphas, ws, bs, wqs,
-                                  hs, ds, dws, dbs, opt, state0, state1, p, g, scs[0], s_buf, 0.0)[0]
+                step_labels, step_targets = _gather(b, made)
+                loss = train_step(b.xb, step_labels, step_targets, FORWARD, net, acts, opt, scs[0], s_buf, 0.0)[0]
                 result[R_LOSS] = loss
                 result[R_FORWARDS] += 1
                 if not np.isfinite(loss):
                     stopped = True
                     break
                 if has_labels:
-                    right += count_correct(hs[len(hs) - 1], labels)
-                clipped, result[R_NORM], opt_norm = _predicted_run(a_buf, trend, ks[end:end + 1], corr, cs[end:end + 1],
-                                                              gain, max_norm, out, opt, state0, state1, p,
-                                                              scs[end:min(end + 1, n_upd)], bounds)
+                    right += count_correct(hs[len(hs) - 1], b.labels)
+                clipped, result[R_NORM], opt_norm = _predicted_run(a_buf, trend, ks[end:end + 1], corr,
+                                                                   cs[end:end + 1], gain, pl.max_norm, model.g, o,
+                                                                   model.p, scs[end:min(end + 1, n_upd)], bounds)
                 result[R_CLIPPED] += clipped
                 made += 1
                 if n_upd:
                     u += 1
                     result[R_LR], result[R_OPT_NORM] = lrs[u - 1] * gain, opt_norm
-                _log_row(row_out[ri], row_sums[ri], loss, monotonic_ns() - t_start, gain, result[R_NORM],
-                         u - 1 if n_upd else u, ws, dws, wqs, ternary, alphas)
+                _log_row(bo.row_out[ri], bo.row_sums[ri], loss, monotonic_ns() - t_start, gain, result[R_NORM],
+                         u - 1 if n_upd else u, model)
                 ri += 1
                 q = end + 1
         if stopped or j == count:
             break
         t_correct = monotonic_ns()                     # the CORRECT step j
-        step = first + j
-        fused_row(opt, consts, t0 + u + 1, lrs[u], scs[0])
-        step_labels, step_targets = _gather(X, Y, T, idx, j, mse_loss, xb, labels, targets)
-        loss, opt_norm, sumsq = train_step(xb, step_labels, step_targets, UPDATE, act, ternary, stes, alphas, ws, bs,
-                                           wqs, hs, ds, dws, dbs, opt, state0, state1, p, g, scs[0], s_buf, clip)
+        step = pl.first + j
+        fused_row(o.kind, sch.consts, sch.t0 + u + 1, lrs[u], scs[0])
+        step_labels, step_targets = _gather(b, j)
+        loss, opt_norm, sumsq = train_step(b.xb, step_labels, step_targets, UPDATE, net, acts, opt, scs[0], s_buf,
+                                           pl.clip)
         result[R_LOSS] = loss
         result[R_FORWARDS] += 1
         if not (np.isfinite(loss) and np.isfinite(sumsq)):
@@ -445,35 +452,35 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
         u += 1
         result[R_NORM], result[R_LR], result[R_OPT_NORM] = math.sqrt(sumsq), lrs[u - 1], opt_norm
         if has_labels:
-            right += count_correct(hs[len(hs) - 1], labels)
-        k = np.float64(step - anchor_step) if has_trend else 0.0
-        c = decay ** np.float64(step - corr_step) if corr_step >= 0 else 0.0
+            right += count_correct(hs[len(hs) - 1], b.labels)
+        k = np.float64(step - anchor_step) if pl.has_trend else 0.0
+        c = pl.decay ** np.float64(step - corr_step) if corr_step >= 0 else 0.0
         anchor_trend(a_buf, trend, k, corr, c, pred)
         compare_vectors(s_buf, pred, scores)
         rel, cos = relative_error_cosine(scores)
-        if learn_gain:
+        if pl.learn_gain:
             g_num += scores[0]
             g_den += scores[2]
             if g_den > 0:
                 gain = clamp01(g_num / g_den)
-        reset = rel > threshold
+        reset = rel > pl.threshold
         if reset:
             corr[:] = 0.0
             corr_step = -1
         else:
-            fold_correction(corr, c, s_buf, pred, weight)
+            fold_correction(corr, c, s_buf, pred, pl.weight)
             corr_step = step
-        corrections[n_corr, 0], corrections[n_corr, 1], corrections[n_corr, 2] = j, loss, sumsq
-        corrections[n_corr, 3], corrections[n_corr, 4], corrections[n_corr, 5] = rel, cos, 1.0 if reset else 0.0
+        cr = bo.corrections[n_corr]                    # CORRECTION_COLUMNS
+        cr[0], cr[1], cr[2], cr[3], cr[4], cr[5] = j, loss, sumsq, rel, cos, 1.0 if reset else 0.0
         n_corr += 1
         a_buf, s_buf = s_buf, a_buf                    # the real gradient is the anchor now
         anchor_step = step
-        spacing = min(spacing + 1, every)
-        next_correct = pos + j + spacing
+        spacing = min(spacing + 1, pl.every)
+        next_correct = pl.pos + j + spacing
         made = j + 1
         if ri < rows.shape[0] and rows[ri] == j:
-            _log_row(row_out[ri], row_sums[ri], loss, monotonic_ns() - t_start, gain, result[R_NORM], u - 1, ws, dws,
-                     wqs, ternary, alphas)
+            _log_row(bo.row_out[ri], bo.row_sums[ri], loss, monotonic_ns() - t_start, gain, result[R_NORM], u - 1,
+                     model)
             ri += 1
         ns_correct += monotonic_ns() - t_correct
     pstate[0], pstate[1], pstate[2], pstate[3], pstate[4] = anchor_step, corr_step, gain, g_num, g_den
@@ -483,7 +490,7 @@ def predict_block(anchor, staging, trend, corr, pred, scores, first, pos, every,
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _log_row(out, sums, loss, ns, gain, norm, updates, ws, dws, wqs, ternary, alphas):
-    """predict_block's row_out and row_sums entries of a metrics row."""
+def _log_row(out, sums, loss, ns, gain, norm, updates, net):
+    """predict_block's row_out and row_sums entries of a metrics row (columns: ROW_COLUMNS)."""
     out[0], out[1], out[2], out[3], out[4] = loss, ns, gain, norm, updates
-    _row_sums(ws, dws, wqs, ternary, alphas, sums)
+    _row_sums(net, sums)

@@ -26,6 +26,8 @@ loss is not finite returns before the update, so the latents keep their last fin
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
@@ -34,6 +36,21 @@ from .fakequant import abs_mean, sech2
 _EPS = np.float32(np.finfo(np.float32).eps)
 _ZERO = np.float32(0.0)
 _ONE = np.float32(1.0)
+
+
+class SteScratch(NamedTuple):
+    """A step's buffers (float32 unless said): passed to the kernels as a plain tuple, named on entry."""
+
+    wq1: np.ndarray         # Q(W1) (H, I)
+    wq2: np.ndarray         # Q(W2) (O, H)
+    h: np.ndarray           # hidden activations (B, H)
+    y: np.ndarray           # outputs (B, O)
+    dy: np.ndarray          # dL/dy (B, O)
+    dh: np.ndarray          # dL/dh (B, H)
+    dq1: np.ndarray         # dL/dQ(W1) (H, I)
+    dq2: np.ndarray         # dL/dQ(W2) (O, H)
+    touched1: np.ndarray    # uint8 like W1: 1 where a step's gradient was non-zero
+    touched2: np.ndarray    # uint8 like W2
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -106,15 +123,22 @@ def ste_sgd(w, dq, ste, alpha, lr, clip, touched):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def train_step(x, t, w1, w2, ste, lr, clip, wq1, wq2, h, y, dy, dh, dq1, dq2, touched1, touched2):
+def train_step(x, t, w1, w2, ste, lr, clip, scratch):
     """One SGD step on the batch (x, t); returns the MSE loss (float64). See the module doc.
 
-    x (B, I), t (B, O); latents w1 (H, I), w2 (O, H) are updated in place; scratch:
-    wq1, dq1 (H, I), wq2, dq2 (O, H), h, dh (B, H), y, dy (B, O); touched1/2 uint8 like w1/w2.
-    Returns -1.0 without doing anything if x or t holds a NaN or inf.
+    x (B, I), t (B, O); latents w1 (H, I), w2 (O, H) are updated in place; scratch a
+    :class:`SteScratch` tuple with B rows of h, y, dy, dh. Returns -1.0 without doing anything if x
+    or t holds a NaN or inf.
     """
+    return _step(x, t, w1, w2, ste, lr, clip, SteScratch(*scratch))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _step(x, t, w1, w2, ste, lr, clip, s):
+    """:func:`train_step` with the scratch named."""
     if not (_all_finite(x) and _all_finite(t)):
         return -1.0
+    wq1, wq2, h, y, dy, dh, dq1, dq2 = s.wq1, s.wq2, s.h, s.y, s.dy, s.dh, s.dq1, s.dq2
     a1 = ternarize(w1.reshape(w1.size), wq1.reshape(wq1.size))
     a2 = ternarize(w2.reshape(w2.size), wq2.reshape(wq2.size))
     dense(x, wq1, True, h)
@@ -136,8 +160,8 @@ def train_step(x, t, w1, w2, ste, lr, clip, wq1, wq2, h, y, dy, dh, dq1, dq2, to
         for j in range(dh.shape[1]):
             dh[b, j] = dh[b, j] if h[b, j] > _ZERO else _ZERO
     np.dot(dh.T, x, dq1)
-    ste_sgd(w1.reshape(w1.size), dq1.reshape(dq1.size), ste, a1, lr, clip, touched1.reshape(touched1.size))
-    ste_sgd(w2.reshape(w2.size), dq2.reshape(dq2.size), ste, a2, lr, clip, touched2.reshape(touched2.size))
+    ste_sgd(w1.reshape(w1.size), dq1.reshape(dq1.size), ste, a1, lr, clip, s.touched1.reshape(s.touched1.size))
+    ste_sgd(w2.reshape(w2.size), dq2.reshape(dq2.size), ste, a2, lr, clip, s.touched2.reshape(s.touched2.size))
     return loss
 
 
@@ -152,14 +176,14 @@ def _all_finite(a):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def train_epoch(X, T, perm, batch_size, w1, w2, ste, lr, clip, xb, tb,
-                wq1, wq2, h, y, dy, dh, dq1, dq2, touched1, touched2):
+def train_epoch(X, T, perm, batch_size, w1, w2, ste, lr, clip, xb, tb, scratch):
     """One epoch of :func:`train_step` over rows ``perm`` of X (n, I), T (n, O) in batches.
 
     xb (>= batch_size, I), tb (>= batch_size, O) receive each gathered batch; the last batch
     may be short. Returns (sample-weighted mean loss, steps run); a non-finite step loss
     stops the epoch and is returned as the loss.
     """
+    s = SteScratch(*scratch)
     n = perm.shape[0]
     total = 0.0
     steps = 0
@@ -169,8 +193,8 @@ def train_epoch(X, T, perm, batch_size, w1, w2, ste, lr, clip, xb, tb,
             src = perm[start + r]
             xb[r, :] = X[src, :]
             tb[r, :] = T[src, :]
-        loss = train_step(xb[:m], tb[:m], w1, w2, ste, lr, clip, wq1, wq2,
-                          h[:m], y[:m], dy[:m], dh[:m], dq1, dq2, touched1, touched2)
+        rows = SteScratch(s.wq1, s.wq2, s.h[:m], s.y[:m], s.dy[:m], s.dh[:m], s.dq1, s.dq2, s.touched1, s.touched2)
+        loss = _step(xb[:m], tb[:m], w1, w2, ste, lr, clip, rows)
         steps += 1
         if not np.isfinite(loss):
             return loss, steps

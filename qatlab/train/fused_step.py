@@ -29,6 +29,8 @@ import numpy as np
 from ..runtime import parallel
 from ..kernels.fused import (BACKWARD, FORWARD, LAYER_SUMS, R_FORWARDS, R_LR, R_MADE, R_OPT_NORM, R_UPDATES, UPDATE,
                             batch_rows_error, predict_block, train_step, train_steps)
+from ..kernels.state import (Activations, Batches, BlockOut, BlockPlan, Net, Opt, Predictor, RunOut, Schedule,
+                             Stash)
 from ..nn import _f32_2d, _labels
 from ..quant import TernaryQuantizer
 
@@ -37,6 +39,7 @@ __all__ = ["FusedStep", "unsupported_reason", "FORWARD", "BACKWARD", "UPDATE"]
 _NO_LABELS = np.zeros(0, np.int64)
 _NO_STATE = np.zeros(0, np.float32)
 _NO_SCALARS = np.zeros(8)
+_NO_OPT = tuple(Opt(0, _NO_STATE, _NO_STATE))     # FORWARD / BACKWARD stages make no update
 _STAGES = (FORWARD, BACKWARD, UPDATE)
 
 
@@ -84,7 +87,10 @@ class FusedStep:
         self._stes = np.zeros(L, np.int64)
         self._w_used = list(self._wqs)
         self._params, self._grads = mlp.flat_params(), grads.flat()
-        self._opt_kernel = opt.fused_kernel() if opt is not None else None
+        # the kernels' named structures, as the plain tuples they take (qatlab.kernels.state)
+        self._net = tuple(Net(mlp._act, self._ternary, self._stes, self._alphas, self._ws, self._bs, self._wqs,
+                              self._dws, self._dbs, self._params, self._grads))
+        self._opt = tuple(Opt(*opt.fused_kernel())) if opt is not None else None
         self.stash_sumsq = math.nan
         self._batch_bufs = {}
         self._block = (np.zeros((0, 8)), np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
@@ -102,7 +108,7 @@ class FusedStep:
         if rows is None:
             self.grads._grow(B)
             h = self.scratch._rows(B)[0]
-            rows = self._rows[B] = (tuple(h), tuple(self.grads._rows(B)[0]))
+            rows = self._rows[B] = tuple(Activations(tuple(h), tuple(self.grads._rows(B)[0])))
         return rows
 
     def steps(self, X, idx, count: int, labels=None, targets=None, onehot: bool = False, stash=None,
@@ -122,7 +128,7 @@ class FusedStep:
         objects are left as after the last one. Returns the steps made: ``count``, or fewer when
         a loss or a stashed gradient is not finite (that step, the last one made, updated nothing).
         """
-        mlp, opt = self.mlp, self.opt
+        opt = self.opt
         X, labels, targets, onehot, B = self._run_inputs("steps", X, idx, count, labels, targets, onehot)
         stash, acc = self._check_stash(stash), self._check_stash(accumulate, "accumulate")
         if acc is not _NO_STATE and stash is _NO_STATE:
@@ -131,13 +137,11 @@ class FusedStep:
         xb, lab, tgt = self._batch_buffers(B)
         scs, losses, correct, norms, sumsqs = (b[:count] for b in self._block_buffers(count))
         lrs = opt.fused_run_scalars(scs)
-        hs, ds = self._batch_rows(B)
-        code, s0, s1 = self._opt_kernel
-        done = train_steps(X, labels, targets, idx, onehot, xb, lab, tgt, mlp._act, self._ternary, self._stes,
-                           self._alphas, self._ws, self._bs, self._wqs, hs, ds, self._dws, self._dbs, code, s0, s1,
-                           self._params, self._grads, scs, stash, clip, acc, bool(accumulate_fresh), losses, correct,
-                           norms, sumsqs)
-        self._after(xb, hs)
+        acts = self._batch_rows(B)
+        done = train_steps(tuple(Batches(X, labels, targets, idx, onehot, xb, lab, tgt)), self._net, acts, self._opt,
+                           scs, tuple(Stash(stash, clip, acc, bool(accumulate_fresh))),
+                           tuple(RunOut(losses, correct, norms, sumsqs)))
+        self._after(xb, acts[0])
         last_ok = math.isfinite(losses[done - 1]) and (stash is _NO_STATE or math.isfinite(sumsqs[done - 1]))
         updated = done if last_ok else done - 1
         if updated:
@@ -207,19 +211,18 @@ class FusedStep:
         scs, ks, cs = self._predict_buffers(count)
         lrs = opt.schedule.rates(opt.t, count)
         xb, lab, tgt = self._batch_buffers(B)
-        hs, ds = self._batch_rows(B)
-        code, s0, s1 = self._opt_kernel
+        acts = self._batch_rows(B)
         result, n_rows = run.result, len(run.rows)
         if len(self.row_sums) < n_rows:
             self.row_sums = np.zeros((n_rows, LAYER_SUMS * self.mlp.num_layers))
-        predict_block(run.anchor, run.staging, run.trend, run.correction, run.pred, run.scores, run.first, run.pos,
-                      run.every, run.has_trend, run.decay, run.weight, run.threshold, run.learn_gain, run.max_norm,
-                      run.clip, run.rows, run.state, self._grads, X, labels, targets, idx, onehot, xb, lab, tgt,
-                      self.mlp._act, self._ternary, self._stes, self._alphas, self._ws, self._bs, self._wqs, hs, ds,
-                      self._dws, self._dbs, code, s0, s1, opt.fused_constants(), opt.t, lrs, self._params, self._grads,
-                      scs, ks, cs, result, run.corrections, run.row_out, self.row_sums)
+        predictor = Predictor(run.anchor, run.staging, run.trend, run.correction, run.pred, run.scores, run.state)
+        plan = BlockPlan(run.first, run.pos, run.every, run.has_trend, run.decay, run.weight, run.threshold,
+                         run.learn_gain, run.max_norm, run.clip, run.rows)
+        predict_block(tuple(predictor), tuple(plan), tuple(Batches(X, labels, targets, idx, onehot, xb, lab, tgt)),
+                      self._net, acts, self._opt, tuple(Schedule(opt.fused_constants(), opt.t, lrs, scs, ks, cs)),
+                      tuple(BlockOut(result, run.corrections, run.row_out, self.row_sums)))
         if result[R_FORWARDS]:
-            self._after(xb, hs)
+            self._after(xb, acts[0])
         if result[R_UPDATES]:
             opt.fused_done(result[R_LR], result[R_OPT_NORM], int(result[R_UPDATES]))
         return int(result[R_MADE])
@@ -297,20 +300,18 @@ class FusedStep:
         if stage not in _STAGES:
             raise ValueError(f"stage: expected FORWARD (0), BACKWARD (1) or UPDATE (2), got {stage!r}")
         clip = self._check_clip(clip)
-        hs, ds = self._batch_rows(B)
+        acts = self._batch_rows(B)
         if stage == UPDATE:
             if opt is None:
                 raise ValueError("stage: UPDATE needs the optimizer given to FusedStep")
             lr = opt.lr if lr is None else lr
-            code, s0, s1 = self._opt_kernel
-            sc = opt.fused_scalars(lr)
+            kernel_opt, sc = self._opt, opt.fused_scalars(lr)
         else:
-            code, s0, s1, sc = 0, _NO_STATE, _NO_STATE, _NO_SCALARS
+            kernel_opt, sc = _NO_OPT, _NO_SCALARS
         stash = self._check_stash(stash)
-        loss, norm, self.stash_sumsq = train_step(
-            x, labels, targets, stage, mlp._act, self._ternary, self._stes, self._alphas, self._ws, self._bs,
-            self._wqs, hs, ds, self._dws, self._dbs, code, s0, s1, self._params, self._grads, sc, stash, clip)
-        self._after(x, hs)
+        loss, norm, self.stash_sumsq = train_step(x, labels, targets, stage, self._net, acts, kernel_opt, sc, stash,
+                                                  clip)
+        self._after(x, acts[0])
         if stage == UPDATE and math.isfinite(loss) and (stash is _NO_STATE or math.isfinite(self.stash_sumsq)):
             opt.fused_done(lr, norm)
         return loss

@@ -50,6 +50,7 @@ from ..diverged import NonFiniteError
 from ..kernels import clock
 from ..kernels.dense import sum_squares
 from ..kernels.fused import BLOCK_RESULT, CORRECTION_COLUMNS, PREDICTOR_STATE, ROW_COLUMNS, predicted_steps
+from ..kernels.state import Opt
 from ..kernels.phase_kernels import copy_sum_squares
 from .predictors import CorrectionResult, ParamLayout, make_predictor
 from .ternary_accumulator import TernaryGradientAccumulator
@@ -701,10 +702,9 @@ class PhaseTrainer:
         scs = np.zeros((count, 8))
         # gain 0: no update (see get_predicted_gradients), so no learning rates
         lrs = opt.fused_run_scalars(scs, lr_scale=pred.gain) if pred.gain != 0.0 else None
-        code, s0, s1 = opt.fused_kernel()
         clipped, norm, opt_norm = predicted_steps(pred.anchor, pred.trend, ks, pred.correction, corr_scales,
-                                                  float(pred.gain), self._max_grad_norm, out, code, s0, s1,
-                                                  params, scs)
+                                                  float(pred.gain), self._max_grad_norm, out,
+                                                  tuple(Opt(*opt.fused_kernel())), params, scs)
         if lrs is not None:
             opt.fused_done(lrs[-1], opt_norm, count)
         self._clipped += clipped

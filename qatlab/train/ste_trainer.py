@@ -179,9 +179,9 @@ class SteTrainer:
         B = x2.shape[0]
         self._ensure_rows(B)
         ste, lr, clip = self._hyper
-        loss = K.train_step(x2, t2, self._w1, self._w2, ste, lr, clip, self._wq1, self._wq2,
-                            self._h[:B], self._y[:B], self._dy[:B], self._dh[:B],
-                            self._dq1, self._dq2, self._touched1, self._touched2)
+        scratch = K.SteScratch(self._wq1, self._wq2, self._h[:B], self._y[:B], self._dy[:B], self._dh[:B],
+                               self._dq1, self._dq2, self._touched1, self._touched2)
+        loss = K.train_step(x2, t2, self._w1, self._w2, ste, lr, clip, tuple(scratch))
         if loss < 0:  # the kernel found a non-finite input and did nothing
             _check_finite(x2, "x")
             _check_finite(t2, "t")
@@ -208,9 +208,10 @@ class SteTrainer:
             perm = rng.permutation(X.shape[0])
             self._touched1.fill(0)
             self._touched2.fill(0)
+            scratch = K.SteScratch(self._wq1, self._wq2, self._h, self._y, self._dy, self._dh, self._dq1, self._dq2,
+                                   self._touched1, self._touched2)
             loss, steps = K.train_epoch(X, T, perm, batch, self._w1, self._w2, ste, lr, clip, self._xb, self._tb,
-                                        self._wq1, self._wq2, self._h, self._y, self._dy, self._dh,
-                                        self._dq1, self._dq2, self._touched1, self._touched2)
+                                        tuple(scratch))
             history[epoch], run = loss, epoch + 1
             if not math.isfinite(loss):
                 diverged = True
