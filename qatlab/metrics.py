@@ -23,8 +23,16 @@ import threading
 import numpy as np
 
 DEFAULT_CAPACITY = 100_000
-#: Per-layer metrics of a row, in row order; layer i's column is ``<metric>_<i>`` (the dashboard reads these).
+# The columns a training run logs, named once here (the loop writes them, the store and the views read them).
+#: A step row, every ``metrics_every`` steps (and after the first).
+STEP_COLUMNS = ("step", "epoch", "time", "loss", "lr", "steps_per_second", "active_grad_fraction")
+#: Per-layer metrics of a step row, in row order; layer i's column is ``<metric>_<i>``.
 LAYER_METRICS = ("grad_norm", "noise_mse", "sqnr_db", "saturation", "scale", "frac_neg", "frac_zero", "frac_pos")
+#: Phase training's columns of a step row.
+PHASE_COLUMNS = ("phase", "backward_passes", "speedup_steps", "speedup_wall", "pred_error", "pred_cosine", "pred_gain",
+                 "full_len", "predict_len")
+#: The row after each epoch.
+EPOCH_COLUMNS = ("step", "epoch", "time", "test_loss", "test_accuracy", "train_accuracy", "train_loss")
 _REAL = (int, float, np.integer, np.floating)
 _REAL_TYPES = frozenset((int, float, np.float64, np.float32, np.int64))   # checked first: the common ones
 

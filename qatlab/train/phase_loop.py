@@ -34,15 +34,14 @@ import numpy as np
 
 from ..config import PhaseConfig
 from ..kernels.fused import R_RIGHT, ROW_COLUMNS
+from ..metrics import PHASE_COLUMNS
 from .fused_step import BACKWARD, FORWARD
 from .phase import PhaseTrainer
 from .steppers import Parts, RowRecord, Steps
 
-# PhaseTrainer.step_metrics() key -> MetricsLog column (the dashboard reads these names).
-_COLUMNS = {"phase": "phase", "backward_passes": "backward_passes", "step_speedup": "speedup_steps",
-            "wallclock_speedup": "speedup_wall", "prediction_error": "pred_error",
-            "prediction_cosine": "pred_cosine", "prediction_gain": "pred_gain", "full_length": "full_len",
-            "predict_length": "predict_len"}
+# PhaseTrainer.step_metrics() keys, in the order of their columns (qatlab.metrics.PHASE_COLUMNS).
+_COLUMNS = dict(zip(("phase", "backward_passes", "step_speedup", "wallclock_speedup", "prediction_error",
+                     "prediction_cosine", "prediction_gain", "full_length", "predict_length"), PHASE_COLUMNS))
 
 
 class PhaseStepper:

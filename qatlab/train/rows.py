@@ -9,7 +9,7 @@ import numpy as np
 from ..kernels.dense import sum_squares, two_sign_counts
 from ..kernels.fused import LAYER_SUMS, layer_sums
 from ..kernels.phase_kernels import all_finite
-from ..metrics import LAYER_METRICS
+from ..metrics import LAYER_METRICS, STEP_COLUMNS
 from ..quant import TernaryQuantizer, noise_stats
 
 
@@ -80,9 +80,9 @@ def metrics_row(step: int, epoch: float, elapsed: float, loss, lr: float, layers
                 n_weights: int, phase_columns: dict | None) -> dict:
     """A per-step metrics row: its step, epoch (fractional), seconds, loss, learning rate, speed, the share
     of weights with a non-zero gradient, the layer columns and (phase training) the phase columns."""
-    row = {"step": step, "epoch": epoch, "time": elapsed, "loss": loss, "lr": lr,
-           "steps_per_second": step / elapsed if elapsed > 0 else math.nan,
-           "active_grad_fraction": nonzero / n_weights, **layers}
+    row = dict(zip(STEP_COLUMNS, (step, epoch, elapsed, loss, lr, step / elapsed if elapsed > 0 else math.nan,
+                                  nonzero / n_weights)))   # active_grad_fraction: weights with a non-zero gradient
+    row.update(layers)
     if phase_columns is not None:
         row.update(phase_columns)
     return row

@@ -23,7 +23,7 @@ import numpy as np
 from ..config import ExperimentConfig
 from ..data import load_dataset
 from ..diverged import NonFiniteError
-from ..metrics import MetricsLog
+from ..metrics import EPOCH_COLUMNS, MetricsLog
 from ..nn import Mlp
 from ..optim import make_optimizer
 from ..resources import check_memory
@@ -166,9 +166,8 @@ class Trainer:
         train_acc = totals.correct / totals.counted if totals.counted else math.nan
         elapsed = time.perf_counter() - self.t0
         self.eval_seconds += elapsed - (t_eval - self.t0)
-        self.log.append({"step": self.step, "epoch": epoch + 1, "time": elapsed, "test_loss": self.test_loss,
-                         "test_accuracy": self.test_acc, "train_accuracy": train_acc,
-                         "train_loss": self.epoch_losses[-1]})
+        self.log.append(dict(zip(EPOCH_COLUMNS, (self.step, epoch + 1, elapsed, self.test_loss, self.test_acc,
+                                                 train_acc, self.epoch_losses[-1]))))
 
     def _result(self, status: str, message: str) -> RunResult:
         seconds = time.perf_counter() - self.t0

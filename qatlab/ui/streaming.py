@@ -61,7 +61,7 @@ from bokeh.core.property.validation import validate
 from bokeh.core.serialization import Serializer
 from bokeh.models import ColumnDataSource
 
-from ..metrics import LAYER_METRICS
+from ..metrics import EPOCH_COLUMNS, LAYER_METRICS, PHASE_COLUMNS, STEP_COLUMNS
 from .figures import PHASE_COLORS, PHASE_NAMES
 
 DISPLAY_CAP = 1000
@@ -70,11 +70,7 @@ DETAIL_EVERY = 10
 EVAL_CAP = 10_000
 PHASE_CAP = 5000
 
-BASE_COLUMNS = ("step", "epoch", "time", "loss", "lr", "steps_per_second", "active_grad_fraction")
 LOSS_COLUMNS = ("step", "epoch", "time", "loss", "loss_s", "k")
-PHASE_COLUMNS = ("phase", "backward_passes", "speedup_steps", "speedup_wall", "pred_error", "pred_cosine", "pred_gain",
-                 "full_len", "predict_len")
-EVAL_COLUMNS = ("step", "epoch", "time", "test_loss", "test_accuracy", "train_accuracy", "train_loss")
 #: Column names (or prefixes ending in ``_``) that get an EMA-smoothed ``<name>_s`` copy.
 SMOOTHED = ("loss", "grad_norm_", "noise_mse_", "sqnr_db_", "active_grad_fraction", "pred_error")
 
@@ -122,7 +118,7 @@ def n_layers_of(config) -> int:
 
 def train_columns(config) -> list[str]:
     """Raw training columns a run of ``config`` logs (the source layout is fixed up front)."""
-    cols = list(BASE_COLUMNS)
+    cols = list(STEP_COLUMNS)
     for i in range(n_layers_of(config)):
         cols += [f"{m}_{i}" for m in LAYER_METRICS]
     if config.phase.enabled:
@@ -216,7 +212,7 @@ class RunStream:
         self._train_cap, self._loss_cap = _Capped(self.train, cap), _Capped(self.loss, cap)
         self._pending: list[dict] = []   # training rows read but not yet in self.train
         self._pending_eval: list[dict] = []   # eval rows read but not yet in self.eval
-        self.eval = ColumnDataSource(_empty(EVAL_COLUMNS), name=f"eval-source-{run.id}")
+        self.eval = ColumnDataSource(_empty(EPOCH_COLUMNS), name=f"eval-source-{run.id}")
         self.phases = ColumnDataSource(_empty(["left", "right", "left_t", "right_t", "phase", "label", "color"]),
                                        name=f"phase-source-{run.id}")
         self.cursor = 0          # next MetricsLog row id to read
@@ -253,7 +249,7 @@ class RunStream:
             nan = np.full(n, np.nan)
             is_eval = np.isfinite(batch.get("test_loss", nan)) | np.isfinite(batch.get("test_accuracy", nan))
             if is_eval.any():
-                self._pending_eval.append({c: batch.get(c, nan)[is_eval] for c in EVAL_COLUMNS})
+                self._pending_eval.append({c: batch.get(c, nan)[is_eval] for c in EPOCH_COLUMNS})
             train = ~is_eval
             if train.any():
                 if self.k == 0:

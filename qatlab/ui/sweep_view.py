@@ -35,7 +35,7 @@ from ..sweep import Sweep, SweepResult, config_diff
 from ..sweep.runner import EndedRun
 from . import figures as F
 from . import sweep_charts as C
-from .base import LiveView, Throttle, bokeh_pane
+from .base import LiveView, Throttle, bokeh_pane, in_server_session
 from .sweep_form import axes_text, parse_axes, parse_seeds, ste_grid
 from .tables import patch_and_stream
 
@@ -49,6 +49,9 @@ PREFERRED_METRICS = ("test_accuracy", "test_loss", "train_loss", "train_accuracy
 TABLE_METRICS = ("test_accuracy", "test_loss", "train_loss", "steps", "steps_per_second")
 FIXED_COLUMNS = ["name", "status", "progress", "seed"]
 TAIL_COLUMNS = ["seconds", "worker", "message", "run_id"]
+# New rows wait this long after a table was made: Tabulator throws when data reaches a table it is still
+# building (tabulator#4800, seen on a loaded machine); a new table carries its first rows itself.
+TABLE_SETTLE_SECONDS = 3.0
 
 
 def handle_rows(handle) -> list[dict]:
@@ -133,6 +136,7 @@ class SweepView(LiveView):
         self.cell_members: list[list[int]] = []
         self._key = self._data_key = None
         self._chart_key = None
+        self._table_made = -math.inf           # time.monotonic() of the last new Tabulator
         self._syncing = False
         self._choosing = False                 # the choices are being set: one redraw after, not one each
         self._throttle = Throttle(REFRESH_SECONDS)
@@ -453,8 +457,8 @@ class SweepView(LiveView):
     def apply_rows(self, rows: list[dict]) -> None:
         """Show ``rows`` in the table, the charts and the summary (only what changed)."""
         key = tuple((r["run_id"], r["status"], round(r.get("progress") or 0.0, 2), len(r)) for r in rows)
-        if key == self._key:
-            return
+        if key == self._key or (in_server_session() and time.monotonic() - self._table_made < TABLE_SETTLE_SECONDS):
+            return                                     # (a refresh later applies them)
         self._key = key
         self._data_key = tuple(k[:2] + k[3:] for k in key)     # what the charts draw: progress aside
         self.rows = rows
@@ -501,6 +505,7 @@ class SweepView(LiveView):
         if list(old.columns) != list(df.columns):     # another sweep's columns: a new table
             selection = list(self.selected)
             self.table = self._new_table(list(df.columns))
+            self._table_made = time.monotonic()
             self.table.value = df
             self.table_box.objects = [self.table]
             self._set_table_selection(selection)
@@ -515,6 +520,7 @@ class SweepView(LiveView):
     def _update_summary(self, df: pd.DataFrame) -> None:
         if list(self.summary.value.columns) != list(df.columns):     # another sweep's fields: a new table
             self.summary = self._new_summary(df)
+            self._table_made = time.monotonic()
             self.summary_box.objects = [self.summary]
         else:
             self.summary.value = df
