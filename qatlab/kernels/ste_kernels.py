@@ -10,15 +10,13 @@ Network (no biases), ``x`` (B, I), latents ``W1`` (H, I), ``W2`` (O, H)::
     dQ2   = dy.T @ h                              (O, H)
     dh    = (dy @ Q(W2)) * [h > 0]                (B, H)
     dQ1   = dh.T @ x                              (H, I)
-    dW    = dQ * ste(W / alpha) * [|W| <= clip]   (STE factor as in :mod:`qatlab.quant.ste`)
+    dW    = ste(dQ, W) * [|W| <= clip]           (the ternary STE, u = W / alpha)
     W    -= lr * dW
 
-``ste`` codes (:attr:`qatlab.SteKind.code`), ``u = W * float32(1/alpha)``::
-
-    0 identity          1
-    1 clipped_identity  1 if |rint(u)| <= 1 else 0
-    2 tanh              1 - tanh(u)^2   (as :func:`qatlab.kernels.fakequant.sech2`)
-    3 hard_tanh         max(0, 1 - |u|)
+``Q`` and the STE are the main engine's kernels (:func:`~qatlab.kernels.fakequant.ternary_forward`,
+:func:`~qatlab.kernels.fakequant.ste_grad` with s = alpha, range [-1, 1]); what is SteTrainer's own
+here is the step around them: no biases, the MSE over B*O, plain SGD, the latent clip and the record
+of which latents got a gradient.
 
 Everything is float32 except the loss and the absmean (float64 accumulators). Dense
 products call ``np.dot(a, b, out)`` (Numba's BLAS binding); nothing allocates. A step whose
@@ -31,9 +29,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from .fakequant import abs_mean, sech2
+from .fakequant import all_finite, ste_grad, ternary_forward
 
-_EPS = np.float32(np.finfo(np.float32).eps)
 _ZERO = np.float32(0.0)
 _ONE = np.float32(1.0)
 
@@ -54,24 +51,6 @@ class SteScratch(NamedTuple):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def ternarize(w, out):
-    """out = Q(w) (see module doc), returns alpha (float32); w, out float32 (n,).
-
-    Identical to :func:`qatlab.quant.ternary_quantize` (alpha and trits), with the
-    dequantized value written as ``float32(trit) * alpha`` (zeros are +0.0).
-    """
-    alpha = np.float32(abs_mean(w))
-    if alpha < _EPS:
-        alpha = _EPS
-    inv = _ONE / alpha
-    for i in range(w.shape[0]):
-        v = np.rint(w[i] * inv)
-        v = np.float32(-1.0) if v < -1 else (_ONE if v > 1 else v + _ZERO)  # + 0: -0.0 -> +0.0
-        out[i] = v * alpha
-    return alpha
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
 def dense(x, wq, relu, out):
     """out = x @ wq.T, then relu in place if ``relu``; x (B, I), wq (O, I), out (B, O).
 
@@ -87,39 +66,30 @@ def dense(x, wq, relu, out):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def ste_sgd(w, dq, ste, alpha, lr, clip, touched):
-    """w -= lr * dW with dW = dq * ste(w/alpha) * [|w| <= clip]; touched[i] |= (dW != 0).
+    """w -= lr * dW with dW = ste(dq, w) * [|w| <= clip] (the ternary STE at alpha); touched[i] |= (dW != 0).
 
-    w, dq float32 (n,); touched uint8 (n,); ste code 0..3; alpha, lr, clip float32.
-    One branch-free loop per STE kind, so each vectorises.
+    w, dq float32 (n,); touched uint8 (n,); ste code 0..3; alpha, lr, clip float32. One loop per STE
+    kind (the kind a constant in each), so each vectorises.
     """
     inv = _ONE / alpha
-    n = w.shape[0]
     if ste == 0:
-        for i in range(n):
-            wi = w[i]
-            g = dq[i] if np.abs(wi) <= clip else _ZERO
-            touched[i] |= g != _ZERO
-            w[i] = wi - lr * g
+        _sgd_loop(w, dq, 0, inv, lr, clip, touched)
     elif ste == 1:
-        for i in range(n):
-            wi = w[i]
-            v = np.rint(wi * inv)
-            g = dq[i] if (v >= -1) & (v <= 1) & (np.abs(wi) <= clip) else _ZERO
-            touched[i] |= g != _ZERO
-            w[i] = wi - lr * g
+        _sgd_loop(w, dq, 1, inv, lr, clip, touched)
     elif ste == 2:
-        for i in range(n):
-            wi = w[i]
-            g = dq[i] * sech2(wi * inv) if np.abs(wi) <= clip else _ZERO
-            touched[i] |= g != _ZERO
-            w[i] = wi - lr * g
+        _sgd_loop(w, dq, 2, inv, lr, clip, touched)
     else:
-        for i in range(n):
-            wi = w[i]
-            a = _ONE - np.abs(wi * inv)
-            g = dq[i] * a if (a > _ZERO) & (np.abs(wi) <= clip) else _ZERO
-            touched[i] |= g != _ZERO
-            w[i] = wi - lr * g
+        _sgd_loop(w, dq, 3, inv, lr, clip, touched)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _sgd_loop(w, dq, ste, inv, lr, clip, touched):
+    """:func:`ste_sgd`'s loop at inv = 1 / alpha."""
+    for i in range(w.shape[0]):
+        wi = w[i]
+        g = ste_grad(ste, dq[i], wi, inv, _ZERO, -_ONE, _ONE, _ZERO, inv) if np.abs(wi) <= clip else _ZERO
+        touched[i] |= g != _ZERO
+        w[i] = wi - lr * g
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -136,11 +106,13 @@ def train_step(x, t, w1, w2, ste, lr, clip, scratch):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _step(x, t, w1, w2, ste, lr, clip, s):
     """:func:`train_step` with the scratch named."""
-    if not (_all_finite(x) and _all_finite(t)):
+    if not (all_finite(x.reshape(x.size)) and all_finite(t.reshape(t.size))):
         return -1.0
     wq1, wq2, h, y, dy, dh, dq1, dq2 = s.wq1, s.wq2, s.h, s.y, s.dy, s.dh, s.dq1, s.dq2
-    a1 = ternarize(w1.reshape(w1.size), wq1.reshape(wq1.size))
-    a2 = ternarize(w2.reshape(w2.size), wq2.reshape(wq2.size))
+    a1 = ternary_forward(w1.reshape(w1.size), wq1.reshape(wq1.size))
+    a2 = ternary_forward(w2.reshape(w2.size), wq2.reshape(wq2.size))
+    if not (np.isfinite(a1) and np.isfinite(a2)):   # a latent left float32: the loss says so
+        return np.nan
     dense(x, wq1, True, h)
     dense(h, wq2, False, y)
     B, O = y.shape
@@ -163,16 +135,6 @@ def _step(x, t, w1, w2, ste, lr, clip, s):
     ste_sgd(w1.reshape(w1.size), dq1.reshape(dq1.size), ste, a1, lr, clip, s.touched1.reshape(s.touched1.size))
     ste_sgd(w2.reshape(w2.size), dq2.reshape(dq2.size), ste, a2, lr, clip, s.touched2.reshape(s.touched2.size))
     return loss
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _all_finite(a):
-    """True when every element of a (B, N) is finite."""
-    ok = True
-    for b in range(a.shape[0]):
-        for j in range(a.shape[1]):
-            ok &= np.isfinite(a[b, j])
-    return ok
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..config import QatConfig
 from ..kernels import ste_kernels as K
+from ..kernels.fakequant import ternary_forward
 from ..quant import ternary_quantize
 from ..quant.ste import SteKind
 from ..nn.ternary_mlp import TernaryMLP, _as_batch
@@ -264,8 +265,8 @@ class SteTrainer:
         """Fake-quant forward of the current latents: x (in,) -> (out,), x (B, in) -> (B, out), float32."""
         x2, single = _as_batch(x, self.in_features, "x")
         wq1, wq2 = np.empty_like(self._w1), np.empty_like(self._w2)
-        K.ternarize(self._w1.reshape(-1), wq1.reshape(-1))
-        K.ternarize(self._w2.reshape(-1), wq2.reshape(-1))
+        ternary_forward(self._w1.reshape(-1), wq1.reshape(-1))
+        ternary_forward(self._w2.reshape(-1), wq2.reshape(-1))
         h = np.empty((x2.shape[0], self.hidden_size), np.float32)
         y = np.empty((x2.shape[0], self.out_features), np.float32)
         K.dense(x2, wq1, True, h)
