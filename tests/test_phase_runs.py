@@ -382,7 +382,7 @@ def test_a_correct_step_with_a_finite_loss_and_a_non_finite_gradient_names_the_p
 
     def nan_gradient(run):                                # 3 PREDICT steps made, the CORRECT one not
         assert (run.count, run.last_read) == (4, 3)
-        run.staging[7] = np.nan
+        run.predictor.staging[7] = np.nan
         run.result[:] = [3, 0, 0.5, 0.3, 0, math.nan, math.nan, 0, 0, 1000, 0, 1.0, 1]
         return 3
 

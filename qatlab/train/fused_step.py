@@ -29,8 +29,7 @@ import numpy as np
 from ..runtime import parallel
 from ..kernels.fused import (BACKWARD, FORWARD, LAYER_SUMS, R_FORWARDS, R_LR, R_MADE, R_OPT_NORM, R_UPDATES, UPDATE,
                             batch_rows_error, predict_block, train_step, train_steps)
-from ..kernels.state import (Activations, Batches, BlockOut, BlockPlan, Net, Opt, Predictor, RunOut, Schedule,
-                             Stash)
+from ..kernels.state import Activations, Batches, BlockOut, Net, Opt, RunOut, Schedule, Stash
 from ..nn import _f32_2d, _labels
 from ..quant import TernaryQuantizer
 
@@ -187,7 +186,7 @@ class FusedStep:
         steps, each prediction written into the gradient buffer (``grads.flat()``) and its update
         made through this step's optimizer at ``run``'s gain times the scheduled learning rate (no
         update at gain 0), and CORRECT steps (UPDATE steps with the staging buffer as the stash,
-        clipped, then folded into the predictor); the steps in ``run.rows`` log a metrics row, a
+        clipped, then folded into the predictor); the steps in ``run.plan.rows`` log a metrics row, a
         PREDICT one after measuring its loss (a forward pass): the kernel writes ``run.row_out`` and
         this step's :attr:`row_sums` (float64 (rows, LAYER_SUMS * layers): each layer's
         :func:`~qatlab.kernels.fused.layer_sums` after that step).
@@ -212,14 +211,12 @@ class FusedStep:
         lrs = opt.schedule.rates(opt.t, count)
         xb, lab, tgt = self._batch_buffers(B)
         acts = self._batch_rows(B)
-        result, n_rows = run.result, len(run.rows)
+        result, n_rows = run.result, len(run.plan.rows)
         if len(self.row_sums) < n_rows:
             self.row_sums = np.zeros((n_rows, LAYER_SUMS * self.mlp.num_layers))
-        predictor = Predictor(run.anchor, run.staging, run.trend, run.correction, run.pred, run.scores, run.state)
-        plan = BlockPlan(run.first, run.pos, run.every, run.has_trend, run.decay, run.weight, run.threshold,
-                         run.learn_gain, run.max_norm, run.clip, run.rows)
-        predict_block(tuple(predictor), tuple(plan), tuple(Batches(X, labels, targets, idx, onehot, xb, lab, tgt)),
-                      self._net, acts, self._opt, tuple(Schedule(opt.fused_constants(), opt.t, lrs, scs, ks, cs)),
+        batches = Batches(X, labels, targets, idx, onehot, xb, lab, tgt)
+        predict_block(tuple(run.predictor), tuple(run.plan), tuple(batches), self._net, acts, self._opt,
+                      tuple(Schedule(opt.fused_constants(), opt.t, lrs, scs, ks, cs)),
                       tuple(BlockOut(result, run.corrections, run.row_out, self.row_sums)))
         if result[R_FORWARDS]:
             self._after(xb, acts[0])

@@ -50,7 +50,7 @@ from ..diverged import NonFiniteError
 from ..kernels import clock
 from ..kernels.dense import sum_squares
 from ..kernels.fused import BLOCK_RESULT, CORRECTION_COLUMNS, PREDICTOR_STATE, ROW_COLUMNS, predicted_steps
-from ..kernels.state import Opt
+from ..kernels.state import BlockPlan, Opt, Predictor
 from ..kernels.phase_kernels import copy_sum_squares
 from .predictors import CorrectionResult, ParamLayout, make_predictor
 from .ternary_accumulator import TernaryGradientAccumulator
@@ -111,31 +111,13 @@ class StepInfo(NamedTuple):
 class PredictBlock(NamedTuple):
     """What :meth:`PhaseTrainer.predict_block_run` hands its ``make_steps``: the arguments of
     :func:`qatlab.kernels.fused.predict_block` that describe the run (see there): the predictor's
-    arrays, the ``count`` steps from step ``first`` at block position ``pos`` (CORRECT steps where
-    the ramp puts them, spacing at most ``every``), the prediction's and the fold's constants, the
-    clipping of PREDICT (``max_norm``) and CORRECT (``clip``) steps, the steps that log a metrics row
-    (``rows``, int64), the predictor's and the ramp's ``state`` (in/out) and the ``result`` /
-    ``corrections`` / ``row_out`` buffers;
+    arrays and state (in/out), the plan of the ``count`` steps (from step ``first`` at block position
+    ``pos``, CORRECT steps where the ramp puts them, the fold's constants, the clipping, the steps
+    that log a metrics row) and the ``result`` / ``corrections`` / ``row_out`` buffers;
     ``last_read``: the index of the last step that reads its batch (-1: none)."""
 
-    anchor: np.ndarray
-    staging: np.ndarray
-    trend: np.ndarray
-    correction: np.ndarray
-    pred: np.ndarray
-    scores: np.ndarray
-    first: int
-    pos: int
-    every: int
-    has_trend: bool
-    decay: float
-    weight: float
-    threshold: float
-    learn_gain: bool
-    max_norm: float
-    clip: float
-    rows: np.ndarray
-    state: np.ndarray
+    predictor: Predictor
+    plan: BlockPlan
     result: np.ndarray
     corrections: np.ndarray
     row_out: np.ndarray
@@ -799,10 +781,11 @@ class PhaseTrainer:
             self._corrections = np.zeros((count, len(CORRECTION_COLUMNS)))
             self._row_out = np.zeros((count, len(ROW_COLUMNS)))
         run_anchor = pred.anchor
-        made = make_steps(PredictBlock(pred.anchor, self._real, pred.trend, pred.correction, self._pred, pred.scores,
-                                       first, pos, every, pred.has_trend, *pred.fold_constants(), self._max_grad_norm,
-                                       self._max_grad_norm, rows, state, result, self._corrections, self._row_out,
-                                       count, max(last_correct, rows[-1] if len(rows) else -1, -1)))
+        predictor = Predictor(pred.anchor, self._real, pred.trend, pred.correction, self._pred, pred.scores, state)
+        plan = BlockPlan(first, pos, every, pred.has_trend, *pred.fold_constants(), self._max_grad_norm,
+                         self._max_grad_norm, rows)
+        made = make_steps(PredictBlock(predictor, plan, result, self._corrections, self._row_out, count,
+                                       max(last_correct, rows[-1] if len(rows) else -1, -1)))
         t_kernel = _clock()
         r = dict(zip(BLOCK_RESULT, result.tolist()))
         clipped, norm, loss, bad_gradient = r["clipped"], r["norm"], r["loss"], r["bad_gradient"]
