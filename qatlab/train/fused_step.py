@@ -196,7 +196,7 @@ class FusedStep:
         read, and idx may end before the batches of the steps after the last one read (an epoch's
         last rows). The optimizer and the Python objects are left as after those steps.
 
-        Fills ``run.state``, ``run.result`` and ``run.corrections`` (see the kernel) and returns the
+        Fills ``run.predictor.state``, ``run.result`` and ``run.corrections`` (see the kernel) and returns the
         steps made: all, or the ones before a step whose loss or real gradient is not finite.
         """
         opt = self.opt

@@ -745,10 +745,10 @@ class PhaseTrainer:
 
         ``make_steps`` makes the PREDICT steps as :meth:`predicted_steps` does (into a flat float32
         (n,) array of its own) and each CORRECT step as record_written + end_step(loss) would: its
-        real gradient into ``run.staging`` (this trainer's staging buffer), the update with it
+        real gradient into ``run.predictor.staging`` (this trainer's staging buffer), the update with it
         clipped to ``run.clip``, its prediction into ``run.pred`` and their comparison into
         ``run.scores``, the fold, and the staging buffer made the anchor; it writes the predictor's
-        scalars into ``run.state`` and its numbers into ``run.result``, ``run.corrections`` and
+        scalars into ``run.predictor.state`` and its numbers into ``run.result``, ``run.corrections`` and
         ``run.row_out`` (see the kernel). Time: the kernel's own clock splits the call; the Python
         before the kernel counts as predicted-step seconds, the booking after it as the CORRECT
         steps'.
