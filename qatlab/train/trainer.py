@@ -221,8 +221,10 @@ def _stepper(cfg: ExperimentConfig, parts: Parts, reference: bool):
 
 def train_experiment(cfg: ExperimentConfig, log: MetricsLog | None = None, report=None, publish_weights=None,
                      reference: bool = False) -> RunResult:
-    """Train ``cfg`` in this thread and return its RunResult: ``Trainer(cfg, ...).run()`` (see :class:`Trainer`)."""
-    return Trainer(cfg, log, report, publish_weights, reference).run()
+    """Train ``cfg`` in this thread and return its RunResult: ``Trainer(cfg, ...).run()`` (see :class:`Trainer`),
+    built with subnormal floats flushed as it trains."""
+    with subnormals_flushed():
+        return Trainer(cfg, log, report, publish_weights, reference).run()
 
 
 def run_limit(step: int, every: int, full_batches: int) -> int:
