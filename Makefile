@@ -35,7 +35,8 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
-# Everything but the tests that train real models or drive the browser.
+# Everything but the tests marked slow (they train real models or start Python processes, a Dask cluster,
+# a server or a browser) or browser: the kernels against their references, config, store, UI pieces.
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow and not browser" -q
 

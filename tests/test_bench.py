@@ -296,6 +296,7 @@ def test_cli_strict_exit_code_on_miss(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "m.json").read_text())["goals"][0]["status"] == "MISS"
 
 
+@pytest.mark.slow
 def test_module_entry_point_list():
     proc = subprocess.run([sys.executable, "-m", "qatlab.bench", "--list"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)

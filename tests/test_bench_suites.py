@@ -49,6 +49,7 @@ def test_train_suite_registered():
     assert load_suite("quality").fn is bench_quality.run
 
 
+@pytest.mark.slow
 def test_train_suite_quick_structure(tiny_train, tmp_path):
     result, payload, text = _run("train", FAST, tmp_path)
     assert payload["suite"] == "train"
@@ -107,6 +108,7 @@ def test_qatlab_step_trains_and_floor_runs():
         bench_train.make_numpy_floor((8, 16, 16, 4), batch, np.zeros((batch, 8), np.float32))
 
 
+@pytest.mark.slow
 def test_first_call_cold_cache(tmp_path):
     r = bench_train.first_call((8, 16, 4), 4, cache_dir=str(tmp_path))
     assert r["total_s"] == pytest.approx(r["import_s"] + r["build_s"] + r["first_step_s"])
@@ -133,6 +135,7 @@ def test_quality_config_is_the_recipe():
     assert cfg.phase.enabled is False
 
 
+@pytest.mark.slow
 def test_quality_suite_quick_structure(tiny_quality, tmp_path):
     result, payload, text = _run("quality", FAST, tmp_path)
     main, ste = payload["tables"]
@@ -170,9 +173,8 @@ def test_torch_step_matches_qatlab(torch):
     assert check["grad_max_rel_diff"] < 1e-4
 
 
-def test_torch_reference_quant_and_train(torch):
+def test_torch_reference_quant(torch):
     from qatlab.bench import torch_ref as ref
-    from qatlab.data import make_synthetic
     from qatlab.quant import FakeQuantize, TernaryQuantizer
 
     w = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
@@ -189,6 +191,12 @@ def test_torch_reference_quant_and_train(torch):
     wq = lin4.quantized_weight()
     wq.sum().backward()                                             # identity STE: gradient of sum is 1
     np.testing.assert_array_equal(lin4.weight.grad.numpy(), np.ones_like(w))
+
+
+@pytest.mark.slow
+def test_torch_reference_train(torch):
+    from qatlab.bench import torch_ref as ref
+    from qatlab.data import make_synthetic
 
     ds = make_synthetic("classification", n_samples=200, n_features=8, n_classes=3, seed=0)
     r = ref.train(ds, (8, 16, 3), "ternary", epochs=2, batch_size=32)

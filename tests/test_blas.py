@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # A 64-64-10 product big enough for OpenBLAS to use several threads if it may (batch 512).
@@ -31,6 +33,7 @@ def _run(order: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_import_order_does_not_change_the_run():
     assert _run("numpy-first") == _run("qatlab-first")
 

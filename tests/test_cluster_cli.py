@@ -111,6 +111,7 @@ def test_the_cli_runs_a_config_on_that_cluster(cli_cluster, tmp_path):
     store.close()
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_bad_scheduler_address(tmp_path):
     cfg_path = tmp_path / "cfg.json"
     cfg_path.write_text(json.dumps(ql.ExperimentConfig().to_dict()))

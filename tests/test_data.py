@@ -295,6 +295,7 @@ def test_load_dataset_dispatch(tmp_path):
         data.load_dataset({"dataset": "digits"})
 
 
+@pytest.mark.slow
 def test_data_imports_numpy_only():
     code = ("import sys, qatlab.data; bad = [m for m in ('sklearn', 'panel', 'bokeh') "
             "if m in sys.modules]; print(bad); sys.exit(bool(bad))")

@@ -40,6 +40,7 @@ def _assert_diverged(result, quantity: str):
     return step
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")   # numpy warns on the way to inf
 @pytest.mark.parametrize("fields, quantity", [
     ({"quant__weights": "fake", "optim__lr": 1000.0}, r"parameter w\d became NaN or inf"),      # Python step
@@ -52,6 +53,7 @@ def test_plain_and_fused_training(fields, quantity):
     _assert_diverged(train_experiment(_blow_up(**fields)), quantity)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fields", [
     {"optim__lr": 10.0},                                                        # Adam: ~lr per step in log s
     {"optim__lr": 100.0, "quant__per_channel": True},
@@ -64,6 +66,7 @@ def test_lsq_scale_leaving_float32(fields):
     _assert_diverged(result, r"LSQ scale of layer \d became (inf|\d\.\d+e\+\d+)")
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")   # numpy warns on the way to inf
 @pytest.mark.parametrize("fields", [
     {"quant__weights": "fake"},                                   # PhaseStepper.step, Python backward
@@ -78,6 +81,7 @@ def test_phase_training_without_clipping(fields):
     _assert_diverged(result, r"(gradient of [wb]\d.* became NaN or inf|loss became inf|parameter w\d became)")
 
 
+@pytest.mark.slow
 def test_non_finite_parameter_with_a_finite_loss_is_caught_at_the_next_metrics_row(monkeypatch):
     """An inf latent weight behind a fake quantizer saturates: the step's loss stays finite (the
     next one is not); the parameter check at the step's metrics row sees it first."""
@@ -100,6 +104,7 @@ def test_non_finite_parameter_with_a_finite_loss_is_caught_at_the_next_metrics_r
     assert _assert_diverged(result, r"parameter w0 became NaN or inf") == 10
 
 
+@pytest.mark.slow
 def test_run_and_compare_ste_end_diverged_not_failed():
     cfg = _cfg(quant__weights="fake", quant__scale_mode="lsq", optim__lr=10.0)
     run = ql.run_experiment(cfg)

@@ -51,6 +51,7 @@ def ternary_run():
     return ql.run_experiment(digits("ternary", epochs=3))
 
 
+@pytest.mark.slow
 def test_final_dict_keys_and_values(ternary_run):
     res = ternary_run
     assert res.status == "finished" and res.message == ""
@@ -68,6 +69,7 @@ def test_final_dict_keys_and_values(ternary_run):
     assert 0.0 <= f["test_accuracy"] <= 1.0 and f["test_loss"] > 0 and f["train_loss"] > 0
 
 
+@pytest.mark.slow
 def test_train_experiment_directly_with_own_log():
     log = MetricsLog()
     res = train_experiment(digits(epochs=1), log)
@@ -85,6 +87,7 @@ LAYER_COLUMNS = ["grad_norm", "frac_neg", "frac_zero", "frac_pos"]
 QUANT_COLUMNS = ["noise_mse", "sqnr_db", "scale", "saturation"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights,bits", [("ternary", 4), ("fake", 4)])
 def test_history_columns_of_quantized_runs(weights, bits, ternary_run):
     res = ternary_run if weights == "ternary" else ql.run_experiment(digits(weights, weight_bits=bits, epochs=1))
@@ -94,11 +97,13 @@ def test_history_columns_of_quantized_runs(weights, bits, ternary_run):
     assert all(isinstance(col, np.ndarray) and col.shape == (n,) for col in res.history.values())
 
 
+@pytest.mark.slow
 def test_float_runs_have_no_quantizer_columns():
     res = ql.run_experiment(digits("float", epochs=1))
     assert set(res.history) == COMMON_COLUMNS | {f"{c}_{i}" for c in LAYER_COLUMNS for i in (0, 1)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", ["float", "ternary"])
 def test_train_accuracy_is_the_epochs_batches_accuracy_before_their_updates(weights):
     """With updates too small to change a float32 weight (SGD, lr 1e-30) the model is the same for
@@ -116,6 +121,7 @@ def test_train_accuracy_is_the_epochs_batches_accuracy_before_their_updates(weig
     assert 0.0 < h["train_accuracy"][ep][0] < 1.0
 
 
+@pytest.mark.slow
 def test_row_schedule_and_epoch_rows(ternary_run):
     h = ternary_run.history
     tr, ep = train_rows(h), epoch_rows(h)
@@ -138,6 +144,7 @@ def test_row_schedule_and_epoch_rows(ternary_run):
     assert np.all(np.diff(h["row_id"]) == 1)
 
 
+@pytest.mark.slow
 def test_column_meanings(ternary_run):
     h = ternary_run.history
     tr = train_rows(h)
@@ -162,6 +169,7 @@ def test_column_meanings(ternary_run):
     assert loss[-3:].mean() < loss[0]                                    # it learns
 
 
+@pytest.mark.slow
 def test_sqnr_grows_with_bits_and_noise_shrinks():
     last = {}
     for bits in (2, 4, 8):
@@ -173,6 +181,7 @@ def test_sqnr_grows_with_bits_and_noise_shrinks():
     assert last[8][1] < last[4][1] < last[2][1]
 
 
+@pytest.mark.slow
 def test_cosine_schedule_lr_column():
     cfg = digits(epochs=2, metrics_every=1)
     cfg.optim.schedule = "cosine"
@@ -290,6 +299,7 @@ def _assert_same_history(a, b):
             assert np.array_equal(a[key], b[key], equal_nan=True), key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quant", [dict(weights="ternary", activations="fake"),
                                    dict(weights="fake", weight_bits=3, scale_mode="lsq", per_channel=True)],
                          ids=["ternary+act", "lsq-per-channel"])
@@ -303,6 +313,7 @@ def test_same_config_and_seed_give_identical_history(quant):
         assert a.final[key] == b.final[key]
 
 
+@pytest.mark.slow
 def test_different_seeds_differ():
     base = ql.run_experiment(digits("ternary", epochs=1)).history
     cfg = digits("ternary", epochs=1)
@@ -334,6 +345,7 @@ MODES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", list(MODES))
 def test_every_weights_mode_trains_on_digits(mode):
     res = ql.run_experiment(digits(epochs=2, **MODES[mode]))
@@ -343,6 +355,7 @@ def test_every_weights_mode_trains_on_digits(mode):
     assert np.isfinite(h["loss"][train_rows(h)]).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer,lr,loss,floor", [("adam", 1e-2, "mse", 0.55), ("momentum", 0.1, "cross_entropy", 0.8),
                                                       ("sgd", 0.5, "cross_entropy", 0.8)])
 def test_other_losses_and_optimizers_train(optimizer, lr, loss, floor):
@@ -352,6 +365,7 @@ def test_other_losses_and_optimizers_train(optimizer, lr, loss, floor):
     assert res.status == "finished" and res.final["test_accuracy"] > floor, res.final   # mse is slow: ~0.63 seen
 
 
+@pytest.mark.slow
 def test_report_false_stops_the_loop():
     seen = []
 
@@ -373,6 +387,7 @@ def test_report_false_stops_the_loop():
 
 # ----------------------------------------------------------------------------- LSQ
 
+@pytest.mark.slow
 def test_lsq_scales_are_learned_and_stay_positive():
     res = ql.run_experiment(digits("fake", weight_bits=4, scale_mode="lsq", per_channel=True, epochs=1))
     h = res.history
@@ -394,6 +409,7 @@ def test_lsq_scale_initialisation():
                                rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_lsq_affine_quantizer_represents_negative_weights(per_channel):
     # Regression: the affine LSQ quantizer was built with zero point 0, so its range [0, 15] s
@@ -413,6 +429,7 @@ def test_lsq_affine_quantizer_represents_negative_weights(per_channel):
     assert (h["frac_neg_0"][train_rows(h)] > 0.2).all()
 
 
+@pytest.mark.slow
 def test_lsq_8bit_scales_stay_sane_with_adam():
     res = ql.run_experiment(digits("fake", weight_bits=8, scale_mode="lsq", per_channel=True, hidden=(64,)))
     h = res.history
@@ -435,6 +452,7 @@ def phase_cfg(epochs=3, **phase) -> ql.ExperimentConfig:
     return cfg
 
 
+@pytest.mark.slow
 def test_phase_mode_columns_schedule_and_backward_passes():
     log = MetricsLog()
     res = train_experiment(phase_cfg(), log)                            # 69 steps, FULL 10 / predict 40
@@ -509,6 +527,7 @@ def _count_passes(monkeypatch) -> dict:
     return calls
 
 
+@pytest.mark.slow
 def test_phase_mode_skips_backward_on_predict_steps(monkeypatch):
     calls = _count_passes(monkeypatch)
     res = ql.run_experiment(phase_cfg())
@@ -516,6 +535,7 @@ def test_phase_mode_skips_backward_on_predict_steps(monkeypatch):
     assert calls["backward"] == res.final["backward_passes"] == 24
 
 
+@pytest.mark.slow
 def test_phase_mode_is_deterministic_and_runs_with_lsq():
     a, b = ql.run_experiment(phase_cfg(epochs=2)), ql.run_experiment(phase_cfg(epochs=2))
     _assert_same_history(a.history, b.history)
@@ -530,6 +550,7 @@ def _float_weights(cfg):
     return cfg
 
 
+@pytest.mark.slow
 def test_phase_gradient_accumulation_averages_micro_batches():
     # float weights: the mean gradient of 4 x 16 rows equals the 64-row one to ~2e-7 for float and
     # ternary weights alike, but with ternary weights that rounding difference flips trits within a
@@ -542,6 +563,7 @@ def test_phase_gradient_accumulation_averages_micro_batches():
     np.testing.assert_allclose(four["loss"][tr], one["loss"][tr], rtol=2e-3)
 
 
+@pytest.mark.slow
 def test_phase_gradient_accumulation_applies_to_correct_steps():
     """Every backward step, CORRECT ones included, records gradient_accumulation micro-batches."""
     log = MetricsLog()
@@ -552,6 +574,7 @@ def test_phase_gradient_accumulation_applies_to_correct_steps():
     assert stats["micro_batches"] == 2 * stats["backward_passes"]
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_larger_than_batch_raises():
     cfg = phase_cfg(epochs=1, gradient_accumulation=8)
     cfg.optim.batch_size = 4
@@ -580,6 +603,7 @@ def test_quality_floors_on_digits():
     assert all(got[name] >= floor for name, (_, floor) in floors.items()), got
 
 
+@pytest.mark.slow
 def test_phase_mode_predict_steps_run_forward_only_for_a_metrics_row(monkeypatch):
     calls = _count_passes(monkeypatch)
     cfg = phase_cfg(epochs=3)

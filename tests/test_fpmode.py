@@ -51,6 +51,7 @@ def test_split_work_runs_in_the_callers_mode(monkeypatch):
     assert (out == np.float32(5e-40)).all()                 # and is back to IEEE afterwards
 
 
+@pytest.mark.slow
 def test_training_flushes_only_inside_the_run():
     import qatlab as ql
     before = fpmode.get_mode()

@@ -308,6 +308,7 @@ def test_what_it_does_not_cover():
         FusedStep(fq, fq.scratch(CAP), fq.gradients(CAP))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase, loss", [(False, "cross_entropy"), (False, "mse"), (True, "cross_entropy")])
 def test_experiment_history_is_the_same_with_the_fused_and_the_reference_stepper(phase, loss):
     cfg = ql.ExperimentConfig()

@@ -44,6 +44,30 @@ def wait_for(pred, timeout=20.0, what="condition"):
         time.sleep(0.005)
 
 
+class _ParkingFlag(threading.Event):
+    """A run's ``running`` flag (RunControl._running) that also records when the training thread
+    waited on it in vain: from then on the thread is parked at its checkpoint and takes no step
+    until resumed or stopped."""
+
+    def __init__(self):
+        super().__init__()
+        self.set()
+        self.parked = threading.Event()
+
+    def wait(self, timeout=None):
+        running = super().wait(timeout)
+        if not running:
+            self.parked.set()
+        return running
+
+
+def watch_parking(run) -> threading.Event:
+    """Set once ``run``'s training thread is parked by a pause (call before ``run.start()``)."""
+    flag = _ParkingFlag()
+    run._control._running = flag
+    return flag.parked
+
+
 @pytest.fixture
 def stopper():
     """Collects runs a test starts and stops/joins whatever is still alive at teardown."""
@@ -56,6 +80,7 @@ def stopper():
 
 # ----------------------------------------------------------------------------- lifecycle
 
+@pytest.mark.slow
 def test_run_finishes_with_result_log_and_progress():
     run = ql.LocalRun(tiny(), name="tiny one")
     assert run.status == "created" and not run.done and run.progress == 0.0 and run.elapsed == 0.0
@@ -92,6 +117,7 @@ def test_run_rejects_bad_arguments_without_registering():
     assert len(all_runs()) == n
 
 
+@pytest.mark.slow
 def test_start_twice_raises():
     run = ql.LocalRun(tiny(epochs=1)).start()
     with pytest.raises(RuntimeError, match="already started"):
@@ -99,6 +125,7 @@ def test_start_twice_raises():
     assert run.join(30) and run.status == "finished"
 
 
+@pytest.mark.slow
 def test_start_from_eight_threads_starts_one_training_thread(stopper):
     run = ql.LocalRun(endless())
     stopper(run)
@@ -134,6 +161,7 @@ def test_registry_lists_runs_in_order_and_finds_them_by_id():
     assert a.name == a.id                                      # default name
 
 
+@pytest.mark.slow
 def test_summary_row():
     run = ql.LocalRun(tiny(weights="ternary")).start()
     run.join(30)
@@ -149,6 +177,7 @@ def test_summary_row():
     assert fresh["status"] == "created" and np.isnan(fresh["test_accuracy"]) and fresh["steps"] == 0
 
 
+@pytest.mark.slow
 def test_weight_snapshot_appears_with_latent_and_quantized_copies(stopper):
     run = ql.LocalRun(endless("ternary"))
     stopper(run)
@@ -167,6 +196,7 @@ def test_weight_snapshot_appears_with_latent_and_quantized_copies(stopper):
 
 # ----------------------------------------------------------------------------- control
 
+@pytest.mark.slow
 def test_stop_ends_a_running_run(stopper):
     run = ql.LocalRun(endless())
     stopper(run)
@@ -190,9 +220,11 @@ def test_stop_before_start_stops_at_once_and_start_does_nothing():
     assert run.join(0) and run.steps_done == 0 and run.started_at is None
 
 
+@pytest.mark.slow
 def test_pause_holds_steps_and_resume_continues(stopper):
     run = ql.LocalRun(endless())
     stopper(run)
+    parked = watch_parking(run)
     run.resume()                                               # no-op before start
     run.pause()
     assert run.status == "created"
@@ -201,10 +233,11 @@ def test_pause_holds_steps_and_resume_continues(stopper):
     run.pause()
     assert run.status == "paused" and not run.done
     at_pause = run.steps_done
-    time.sleep(0.4)                  # the step (or run of steps, up to the next metrics row) in flight completes
+    # the step (or run of steps, up to the next metrics row) in flight completes, then the thread parks
+    wait_for(parked.is_set, what="the paused training thread to park at its checkpoint")
     steps, log_rows = run.steps_done, run.log.total_rows
     assert steps <= at_pause + run.config.metrics_every
-    time.sleep(0.3)
+    time.sleep(0.3)                  # deliberately lets time pass: a paused run takes no step meanwhile
     assert run.steps_done == steps and run.log.total_rows == log_rows and run.status == "paused"
     assert run._thread.is_alive()
     run.resume()
@@ -214,17 +247,20 @@ def test_pause_holds_steps_and_resume_continues(stopper):
     assert run.join(20) and run.status == "stopped"
 
 
+@pytest.mark.slow
 def test_stop_while_paused(stopper):
     run = ql.LocalRun(endless())
     stopper(run)
+    parked = watch_parking(run)
     run.start()
     wait_for(lambda: run.steps_done > 0, what="steps")
     run.pause()
-    time.sleep(0.05)
+    wait_for(parked.is_set, what="the paused training thread to park at its checkpoint")
     run.stop()
     assert run.join(20) and run.status == "stopped"
 
 
+@pytest.mark.slow
 def test_join_timeout_returns_false_while_running(stopper):
     run = ql.LocalRun(endless())
     stopper(run)
@@ -246,6 +282,7 @@ def test_run_control_checkpoint():
     assert ctl.checkpoint() is False                                     # a stop ends a pause
 
 
+@pytest.mark.slow
 def test_pause_resume_racing_the_end_never_leaves_a_stale_status():
     # Regression: pause()/resume() did check-then-set on `status` without a lock, so a run finishing
     # in between was left "paused" or "running" forever with a dead thread (~1 in 3 runs here).
@@ -270,6 +307,7 @@ def test_pause_resume_racing_the_end_never_leaves_a_stale_status():
 
 # ----------------------------------------------------------------------------- diverged / failed
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_diverging_run_reports_diverged_and_process_carries_on():
     cfg = tiny(optimizer="sgd", lr=1e3)
@@ -287,6 +325,7 @@ def test_diverging_run_reports_diverged_and_process_carries_on():
     assert ok.status == "finished" and ok.final["test_accuracy"] > 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("phase", [False, True])
 def test_diverging_cross_entropy_run_diverges(phase):
@@ -296,6 +335,7 @@ def test_diverging_cross_entropy_run_diverges(phase):
     assert res.status == "diverged" and "nan" in res.message
 
 
+@pytest.mark.slow
 def test_corrupt_file_fails_with_one_line_and_logs_the_traceback(tmp_path, caplog):
     good = tmp_path / "good.npz"
     rng = np.random.default_rng(0)
@@ -320,6 +360,7 @@ def test_corrupt_file_fails_with_one_line_and_logs_the_traceback(tmp_path, caplo
     assert ql.run_experiment(cfg).status == "finished"
 
 
+@pytest.mark.slow
 def test_exception_mid_training_fails_and_keeps_rows(monkeypatch, caplog):
     import qatlab.train.rows as rows
     real = rows._layer_row
@@ -352,6 +393,7 @@ def test_failure_message_is_one_short_line():
 
 # ----------------------------------------------------------------------------- run_experiment, compare_ste
 
+@pytest.mark.slow
 def test_run_experiment_returns_finished_result():
     res = ql.run_experiment(tiny(weights="ternary"))
     assert res.status == "finished" and res.message == ""
@@ -365,6 +407,7 @@ def _without_ste(d: dict) -> dict:
     return d
 
 
+@pytest.mark.slow
 def test_compare_ste_one_finished_result_per_kind_only_ste_differs():
     cfg = tiny(weights="ternary", epochs=2)
     results = ql.compare_ste(cfg)
@@ -380,6 +423,7 @@ def test_compare_ste_one_finished_result_per_kind_only_ste_differs():
     assert cfg.quant.ste == "identity"                        # the caller's config is untouched
 
 
+@pytest.mark.slow
 def test_compare_ste_subset_and_validation():
     results = ql.compare_ste(tiny(weights="ternary", epochs=1), kinds=["tanh", ql.SteKind.HARD_TANH])
     assert list(results) == [ql.SteKind.TANH, ql.SteKind.HARD_TANH]
@@ -390,6 +434,7 @@ def test_compare_ste_subset_and_validation():
         ql.compare_ste(tiny(), kinds=["bogus"])
 
 
+@pytest.mark.slow
 def test_start_ste_comparison_names_owner_and_concurrency():
     runs = ql.start_ste_comparison(tiny(weights="ternary", epochs=1), owner="session-1", group="A")
     try:
@@ -401,6 +446,7 @@ def test_start_ste_comparison_names_owner_and_concurrency():
             assert r.join(30) and r.status == "finished"
 
 
+@pytest.mark.slow
 def test_small_log_capacity_keeps_epoch_metrics():
     cfg = ql.ExperimentConfig(data=ql.DataConfig(dataset="digits"), model=ql.ModelConfig(hidden=[16]),
                               quant=ql.QuantConfig(weights="float"), optim=ql.OptimConfig(epochs=6, batch_size=64),
@@ -412,6 +458,7 @@ def test_small_log_capacity_keeps_epoch_metrics():
     assert np.isfinite(run.log.last("test_accuracy"))
 
 
+@pytest.mark.slow
 def test_start_ste_comparison_can_leave_the_runs_unstarted():
     runs = ql.start_ste_comparison(tiny(weights="ternary", epochs=1), kinds=["tanh", "identity"], start=False)
     assert list(runs) == [ql.SteKind.TANH, ql.SteKind.IDENTITY]
@@ -438,6 +485,7 @@ def test_name_is_settable_and_validated():
     assert run.name == "second try"                            # refused values change nothing
 
 
+@pytest.mark.slow
 def test_delete_removes_from_the_registry_and_stops_an_active_run():
     ended = ql.LocalRun(tiny()).start()
     assert ended.join(30) and ended.result.model is not None
@@ -457,6 +505,7 @@ def test_delete_removes_from_the_registry_and_stops_an_active_run():
     assert active.weight_snapshot() is None and active.result.model is None
 
 
+@pytest.mark.slow
 def test_release_drops_model_and_snapshot_but_keeps_history(stopper):
     run = ql.LocalRun(endless())
     stopper(run)
@@ -477,6 +526,7 @@ def test_release_drops_model_and_snapshot_but_keeps_history(stopper):
     assert run in all_runs() and run.summary()["steps"] == run.steps_done   # still listed
 
 
+@pytest.mark.slow
 def test_ended_runs_beyond_keep_models_are_released_automatically():
     runs = [ql.LocalRun(tiny(epochs=1)) for _ in range(KEEP_MODELS + 3)]
     for run in runs:                                           # one after another: a clear order of ending
@@ -492,6 +542,7 @@ def test_ended_runs_beyond_keep_models_are_released_automatically():
         release_ended(keep=-1)
 
 
+@pytest.mark.slow
 def test_may_change_own_runs_always_other_runs_once_ended(stopper):
     mine = ql.LocalRun(endless(), owner="page-a")
     stopper(mine)

@@ -217,6 +217,7 @@ def test_config_edits_apply_to_next_step():
     np.testing.assert_allclose(trainer.w1_latent, before, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ste", list(SteKind))
 def test_learns_ternary_teacher(ste):
     """32-64-8 student learns a random ternary teacher: final MSE < 0.5 x initial."""

@@ -402,6 +402,7 @@ def _opener(path: str, go) -> None:
     RunStore(path, timeout=20).create_run(tiny())
 
 
+@pytest.mark.slow
 def test_processes_opening_a_new_store_at_once_all_get_it_in_wal(tmp_path):
     ctx = multiprocessing.get_context("spawn")
     for attempt in range(3):
@@ -420,6 +421,7 @@ def test_processes_opening_a_new_store_at_once_all_get_it_in_wal(tmp_path):
         assert len(RunStore(path).runs()) == 3
 
 
+@pytest.mark.slow
 def test_two_writer_processes_lose_no_rows(tmp_path):
     path = str(tmp_path / "s.sqlite")
     s = RunStore(path)
@@ -466,6 +468,7 @@ def _start_owner(path: str):
     return proc, proc.stdout.readline().strip()
 
 
+@pytest.mark.slow
 def test_killed_owner_marks_interrupted_but_a_live_one_does_not(tmp_path):
     path = str(tmp_path / "s.sqlite")
     dead, dead_id = _start_owner(path)

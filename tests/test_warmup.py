@@ -30,12 +30,14 @@ CACHE_DIR_OF = """
 """
 
 
+@pytest.mark.slow
 def test_cache_dir_defaults_to_the_users_cache(tmp_path):
     out = _python(CACHE_DIR_OF, {"XDG_CACHE_HOME": str(tmp_path / "xdg")}, tmp_path)
     expected = str(tmp_path / "xdg" / "qatlab" / "numba")
     assert out == f"{expected}|{expected}"
 
 
+@pytest.mark.slow
 def test_cache_dir_without_xdg_is_under_home(tmp_path):
     env = {"HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": ""}
     out = _python(CACHE_DIR_OF, env, tmp_path)
@@ -43,12 +45,14 @@ def test_cache_dir_without_xdg_is_under_home(tmp_path):
     assert out == f"{expected}|{expected}"
 
 
+@pytest.mark.slow
 def test_numba_cache_dir_in_the_environment_wins(tmp_path):
     mine = str(tmp_path / "mine")
     out = _python(CACHE_DIR_OF, {"NUMBA_CACHE_DIR": mine, "XDG_CACHE_HOME": str(tmp_path / "xdg")}, tmp_path)
     assert out == f"{mine}|{mine}"
 
 
+@pytest.mark.slow
 def test_cache_dir_applies_when_numba_was_imported_first(tmp_path):
     # numba read an empty NUMBA_CACHE_DIR at import: qatlab sets its config, and a cached kernel
     # defined afterwards writes its index files there
@@ -64,6 +68,7 @@ def test_cache_dir_applies_when_numba_was_imported_first(tmp_path):
     assert list(cache.rglob("kern.twice-*.nbi")), sorted(str(p) for p in cache.rglob("*"))
 
 
+@pytest.mark.slow
 def test_a_numba_config_set_before_qatlab_is_kept(tmp_path):
     code = """
         import numba

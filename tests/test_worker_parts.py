@@ -60,7 +60,7 @@ def test_control_reads_the_request_after_the_first_start_check_and_proceed_waits
     var = _Variable("stop")
     control = _Control(var, first)
     try:
-        time.sleep(0.2)
+        time.sleep(0.2)                             # deliberately lets time pass: the control thread waits
         assert var.reads == 0 and order == []       # nothing is read before the check is done
         release.set()
         assert control.proceed() is False and order == ["first"] and var.reads >= 1

@@ -72,6 +72,7 @@ def _wait_for(pred, timeout=20.0, what="condition"):
         time.sleep(0.005)
 
 
+@pytest.mark.slow
 def test_a_paused_run_does_not_age():
     cfg = ql.ExperimentConfig(data=ql.DataConfig(dataset="digits"), model=ql.ModelConfig(hidden=[32]),
                               optim=ql.OptimConfig(epochs=100_000, batch_size=32), metrics_every=5)
@@ -94,6 +95,7 @@ def test_a_paused_run_does_not_age():
 
 # ----------------------------------------------------------------------------- Start keeps the tab
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:The inplace keyword")
 @pytest.mark.parametrize("tab", [0, 2, 3, 4])
 def test_start_keeps_the_current_tab(tab, client2):

@@ -82,6 +82,7 @@ def server(client6):
     thread.stop()
 
 
+@pytest.mark.slow
 def test_page_is_served_with_local_resources_only(server):
     url, dashboards = server
     n = len(dashboards)
@@ -99,6 +100,7 @@ def test_page_is_served_with_local_resources_only(server):
     assert _wait(lambda: all(r.done for r in dash.owned_runs() if not r.keep_alive), 30)
 
 
+@pytest.mark.slow
 def test_sessions_stream_then_stop_and_join_their_runs(server):
     url, dashboards = server
     first = len(dashboards)
@@ -126,7 +128,7 @@ def test_sessions_stream_then_stop_and_join_their_runs(server):
         assert _wait(lambda: dash.closed, 30), "session was not destroyed"
         assert not dash.streaming
         ticks = dash.hub.ticks
-        time.sleep(0.3)
+        time.sleep(0.3)          # deliberately lets time pass: a closed session's callback must not tick again
         assert dash.hub.ticks == ticks, "periodic callback still ticking after the session closed"
     stopped = [r for d in mine for r in d.owned_runs() if not r.keep_alive]
     kept = [r for d in mine for r in d.owned_runs() if r.keep_alive]
