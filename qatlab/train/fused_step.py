@@ -97,9 +97,9 @@ class FusedStep:
         self.row_sums = np.zeros((0, LAYER_SUMS * L))   # predict_block's metrics-row sums
         self.losses, self.correct, self.stash_sumsqs = self._block[1], self._block[2], self._block[4]   # last steps()
 
-    def _batch_rows(self, B):
-        """The batch-B row buffers (made once per B), with the quantizers' STE codes brought up to
-        date (a quantizer's STE may have changed since the last step)."""
+    def _batch_rows(self, B) -> Activations:
+        """The batch-B activations (made once per B; pass ``tuple()`` of them to a kernel), with the
+        quantizers' STE codes brought up to date (a quantizer's STE may have changed since the last step)."""
         stes = self._stes
         for i, q in self._ternary_layers:
             stes[i] = q._code
@@ -107,7 +107,7 @@ class FusedStep:
         if rows is None:
             self.grads._grow(B)
             h = self.scratch._rows(B)[0]
-            rows = self._rows[B] = tuple(Activations(tuple(h), tuple(self.grads._rows(B)[0])))
+            rows = self._rows[B] = Activations(tuple(h), tuple(self.grads._rows(B)[0]))
         return rows
 
     def steps(self, X, idx, count: int, labels=None, targets=None, onehot: bool = False, stash=None,
@@ -137,10 +137,10 @@ class FusedStep:
         scs, losses, correct, norms, sumsqs = (b[:count] for b in self._block_buffers(count))
         lrs = opt.fused_run_scalars(scs)
         acts = self._batch_rows(B)
-        done = train_steps(tuple(Batches(X, labels, targets, idx, onehot, xb, lab, tgt)), self._net, acts, self._opt,
-                           scs, tuple(Stash(stash, clip, acc, bool(accumulate_fresh))),
-                           tuple(RunOut(losses, correct, norms, sumsqs)))
-        self._after(xb, acts[0])
+        batches = Batches(X, labels, targets, idx, onehot, xb, lab, tgt)
+        stashed, out = Stash(stash, clip, acc, bool(accumulate_fresh)), RunOut(losses, correct, norms, sumsqs)
+        done = train_steps(tuple(batches), self._net, tuple(acts), self._opt, scs, tuple(stashed), tuple(out))
+        self._after(xb, acts.hs)
         last_ok = math.isfinite(losses[done - 1]) and (stash is _NO_STATE or math.isfinite(sumsqs[done - 1]))
         updated = done if last_ok else done - 1
         if updated:
@@ -215,11 +215,11 @@ class FusedStep:
         if len(self.row_sums) < n_rows:
             self.row_sums = np.zeros((n_rows, LAYER_SUMS * self.mlp.num_layers))
         batches = Batches(X, labels, targets, idx, onehot, xb, lab, tgt)
-        predict_block(tuple(run.predictor), tuple(run.plan), tuple(batches), self._net, acts, self._opt,
+        predict_block(tuple(run.predictor), tuple(run.plan), tuple(batches), self._net, tuple(acts), self._opt,
                       tuple(Schedule(opt.fused_constants(), opt.t, lrs, scs, ks, cs)),
                       tuple(BlockOut(result, run.corrections, run.row_out, self.row_sums)))
         if result[R_FORWARDS]:
-            self._after(xb, acts[0])
+            self._after(xb, acts.hs)
         if result[R_UPDATES]:
             opt.fused_done(result[R_LR], result[R_OPT_NORM], int(result[R_UPDATES]))
         return int(result[R_MADE])
@@ -306,9 +306,9 @@ class FusedStep:
         else:
             kernel_opt, sc = _NO_OPT, _NO_SCALARS
         stash = self._check_stash(stash)
-        loss, norm, self.stash_sumsq = train_step(x, labels, targets, stage, self._net, acts, kernel_opt, sc, stash,
-                                                  clip)
-        self._after(x, acts[0])
+        loss, norm, self.stash_sumsq = train_step(x, labels, targets, stage, self._net, tuple(acts), kernel_opt, sc,
+                                                  stash, clip)
+        self._after(x, acts.hs)
         if stage == UPDATE and math.isfinite(loss) and (stash is _NO_STATE or math.isfinite(self.stash_sumsq)):
             opt.fused_done(lr, norm)
         return loss
