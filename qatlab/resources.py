@@ -17,7 +17,7 @@ import os
 import re
 
 F32 = 4
-EVAL_CHUNK = 1024              # qatlab.train.loss.EVAL_CHUNK: rows evaluated at once
+EVAL_CHUNK = 1024              # test rows the training loop evaluates at once (qatlab.train.loss)
 OPTIMIZER_STATE = {"sgd": 0, "momentum": 1, "adam": 2}   # float32 buffers per parameter
 ENV = "QATLAB_MEMORY_BUDGET"
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

@@ -27,7 +27,6 @@ of length ``C``.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
@@ -41,15 +40,13 @@ _SUMS = {"nsz", "contract", "reassoc"}
 
 @intrinsic
 def _f32_from_bits(typingctx, bits):
-    """The float32 whose IEEE bit pattern is the low 32 bits of the integer ``bits`` (an LLVM bitcast,
-    so loops around it vectorise)."""
-    if not isinstance(bits, types.Integer):
+    """The float32 whose IEEE bit pattern is the int32 ``bits`` (an LLVM bitcast, so loops around it vectorise)."""
+    if bits != types.int32:
         return None
 
     def codegen(context, builder, signature, args):
-        low = builder.trunc(args[0], ir.IntType(32)) if bits.bitwidth > 32 else args[0]
-        return builder.bitcast(low, context.get_value_type(types.float32))
-    return types.float32(bits), codegen
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+    return types.float32(types.int32), codegen
 
 
 _LOG2E = np.float32(1.4426950408889634)

@@ -8,9 +8,8 @@ import numpy as np
 from ..data import Dataset
 from ..kernels.dense import count_correct
 from ..nn import Mlp, cross_entropy_loss, mse_loss
+from ..resources import EVAL_CHUNK   # test rows evaluated at once (the memory estimate counts them)
 from .build import set_observing
-
-EVAL_CHUNK = 1024   # test rows evaluated at once (qatlab.resources counts its scratch)
 
 
 class BatchLoss:
