@@ -53,7 +53,6 @@ class PhaseStepper:
         self.parts = parts
         self.mlp, self.scratch, self.grads, self.loss_fn = parts.mlp, parts.scratch, parts.grads, parts.loss_fn
         self.fused = fused   # a FusedStep of mlp and its optimizer (or None); see step()
-        self.targets = parts.loss_fn.fused_block(parts.y) if fused is not None else None   # its run arguments
         self.max_grad_norm = float(cfg.max_grad_norm)
         self._last_correction_step = -1
 
@@ -63,22 +62,22 @@ class PhaseStepper:
         p = self.parts
         if limit and (run := self.backward_run_length(limit)):
             t_before = p.opt.t
-            self.backward_run(p.X, order[pos: pos + run * p.batch_size], run, **self.targets)
+            self.backward_run(p.X, order[pos: pos + run * p.batch_size], run, **p.fused_targets)
             return p.fused_run(self.fused, t_before)
         if run := self.block_run_length(-(-(len(order) - pos) // p.batch_size)):
             return self._block(order, pos, step, run)
         xb, yb = p.batch(order, pos)
         lr = p.opt.lr
-        row_due = (step + 1) % p.every == 0 or step == 0    # a PREDICT step measures its loss only for a row
-        return p.one_step(self.step(xb, yb, p.update, need_loss=row_due), lr, yb)
+        # a PREDICT step measures its loss only for a row
+        return p.one_step(self.step(xb, yb, p.update, need_loss=p.logs_row(step)), lr, yb)
 
     def _block(self, order, pos: int, step: int, run: int) -> Steps:
         """A :meth:`block_run` of ``run`` steps as :class:`Steps`, with the metrics rows it logged."""
         p, bs = self.parts, self.parts.batch_size
         t_before, left = p.opt.t, len(order) - pos
-        rows = [j for j in range(run) if (step + j + 1) % p.every == 0 or step + j == 0]
+        rows = [j for j in range(run) if p.logs_row(step + j)]
         losses, correct, n_rows, records = self.block_run(p.X, order[pos: pos + run * bs], run, bs, rows=rows,
-                                                          **self.targets)
+                                                          **p.fused_targets)
         logged = [RowRecord(j, loss, seconds, p.opt.schedule(t_before + updates), sums, columns)
                   for j, loss, seconds, updates, sums, columns in records]
         counted = n_rows * sum(v is not None for v in losses)

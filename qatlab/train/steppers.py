@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
@@ -63,6 +64,15 @@ class Parts:
     def __post_init__(self):
         self.xbuf = np.empty((self.batch_size, self.X.shape[1]), np.float32)
         self.ybuf = np.empty((self.batch_size, *self.y.shape[1:]), self.y.dtype)
+
+    @cached_property
+    def fused_targets(self) -> dict:
+        """The labels / targets / onehot arguments of :meth:`FusedStep.steps` on the training split."""
+        return self.loss_fn.fused_block(self.y)
+
+    def logs_row(self, step: int) -> bool:
+        """Whether step ``step`` (0-based) is followed by a metrics row: every ``every``-th, and the first."""
+        return (step + 1) % self.every == 0 or step == 0
 
     def batch(self, order, pos) -> tuple[np.ndarray, np.ndarray]:
         """Rows ``order[pos:pos + batch_size]`` of the training split, gathered into the batch buffers."""
@@ -134,13 +144,12 @@ class FusedStepper(ReferenceStepper):
     def __init__(self, parts: Parts, fused):
         super().__init__(parts)
         self.fused = fused
-        self.targets = parts.loss_fn.fused_block(parts.y)   # FusedStep.steps' labels / targets / onehot
 
     def advance(self, order, pos: int, step: int, limit: int) -> Steps:
         p = self.parts
         if limit:
             t_before = p.opt.t
-            self.fused.steps(p.X, order[pos: pos + limit * p.batch_size], limit, **self.targets)
+            self.fused.steps(p.X, order[pos: pos + limit * p.batch_size], limit, **p.fused_targets)
             return p.fused_run(self.fused, t_before)
         xb, yb = p.batch(order, pos)
         lr = p.opt.lr

@@ -127,9 +127,9 @@ class Trainer:
     def _row(self, made: Steps, epoch: int, pos: int) -> str | None:
         """Append the metrics row due after these steps (a run that logged its own rows is only
         checked); returns what became non-finite, or None."""
-        step, every = self.step, self.cfg.metrics_every
+        step = self.step
         own = made.rows is not None
-        if not (step % every == 0 or step == 1 or own):
+        if not (self.parts.logs_row(step - 1) or own):
             return None
         layers = {}
         if not own:
@@ -150,8 +150,11 @@ class Trainer:
                                         r.columns))
 
     def _publish(self) -> None:
+        """Hand the live views a weight snapshot, at most every SNAPSHOT_SECONDS."""
+        if self.publish_weights is None:
+            return
         elapsed = time.perf_counter() - self.t0
-        if self.publish_weights is not None and elapsed - self.last_snap >= SNAPSHOT_SECONDS:
+        if elapsed - self.last_snap >= SNAPSHOT_SECONDS:
             self.last_snap = elapsed
             scratch = self.parts.scratch
             self.publish_weights({f"layer{i}": (self.mlp.weights(i).copy(), scratch.weights_used(i).copy())
