@@ -13,6 +13,7 @@ from qatlab.train.fused_step import BACKWARD, UPDATE, FusedStep
 from qatlab.metrics import MetricsLog
 from qatlab.quant import FLOAT32_EPS, FakeQuantize, TernaryQuantizer
 from qatlab.train.build import build_model
+from qatlab.kernels.fused import R_CORRECTIONS, R_FORWARDS
 from qatlab.train.loss import EVAL_CHUNK, BatchLoss, evaluate
 from qatlab.train.rows import layer_row
 from qatlab.train.trainer import train_experiment
@@ -519,8 +520,8 @@ def _count_passes(monkeypatch) -> dict:
 
     def predict_block(self, X, idx, batch_size, run, **k):   # forward passes: its CORRECT steps and a measured one
         done = real_block(self, X, idx, batch_size, run, **k)
-        calls["forward"] += int(run.result[12])
-        calls["backward"] += int(run.result[7])
+        calls["forward"] += int(run.result[R_FORWARDS])
+        calls["backward"] += int(run.result[R_CORRECTIONS])
         return done
 
     monkeypatch.setattr(FusedStep, "predict_block", predict_block)

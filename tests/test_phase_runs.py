@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from qatlab.kernels.fused import R_CORRECT_NS, R_PREDICT_NS
 from qatlab.config import PhaseConfig
 from qatlab.train.fused_step import FusedStep
 from qatlab.nn import Mlp
@@ -319,7 +320,8 @@ def test_predicted_steps_kernel_matches_prediction_then_update(opt, max_norm, ow
     v = np.abs(v)
     p2, m2, v2 = p.copy(), m.copy(), v.copy()
     out, out2 = np.zeros(n, np.float32), np.zeros(n, np.float32)
-    clipped, norm, opt_norm = predicted_steps(anchor, trend, ks, corr, cs, gain, max_norm, out, tuple(Opt(opt, m, v)), p, scs)
+    clipped, norm, opt_norm = predicted_steps(anchor, trend, ks, corr, cs, gain, max_norm, out, tuple(Opt(opt, m, v)), p,
+                                              scs)
     ref_clipped = 0
     for j in range(steps):
         ref_norm = math.sqrt(anchor_trend(anchor, trend, ks[j], corr, cs[j], out2) * gain * gain)
@@ -406,7 +408,7 @@ def test_a_block_run_splits_its_seconds_by_the_kernel_clock(monkeypatch):
 
     def kernel(run):
         made = stepper.fused.predict_block(X, np.arange(8 * B, dtype=np.int64) % N, B, run, labels=y)
-        run.result[9], run.result[10] = 100e6, 250e6    # 0.1 s predicting, 0.25 s in the CORRECT steps
+        run.result[R_PREDICT_NS], run.result[R_CORRECT_NS] = 100e6, 250e6    # 0.1 s predicting, 0.25 s correcting
         return made
 
     assert trainer.predict_block_run(8, kernel)[0] == [None] * 3 + [ANY_LOSS] + [None] * 3 + [ANY_LOSS]

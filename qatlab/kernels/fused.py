@@ -38,7 +38,7 @@ from .state import Activations, Batches, BlockOut, BlockPlan, Net, Opt, Predicto
 FORWARD, BACKWARD, UPDATE = 0, 1, 2   # how far a step goes: loss only, + gradients, + optimizer update
 
 # predict_block's outputs, named in one place. result float64 (len(BLOCK_RESULT),): slot i holds
-# BLOCK_RESULT[i] (the kernel writes it through the R_* indices); corrections (steps, 6) holds one
+# BLOCK_RESULT[i] (the kernel writes it through the R_* indices); corrections (steps, 6 columns) holds one
 # CORRECT step per row, row_out (rows, 5) one metrics row per row, columns as named here.
 BLOCK_RESULT = ("made", "clipped", "norm", "loss", "updates", "lr", "opt_norm", "corrections", "right",
                 "predict_ns", "correct_ns", "bad_gradient", "forwards")

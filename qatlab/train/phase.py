@@ -726,13 +726,14 @@ class PhaseTrainer:
 
     @property
     def row_out(self) -> np.ndarray:
-        """float64 (rows, 5): the last :meth:`predict_block_run`'s ``run.row_out`` (per row step: loss,
-        nanoseconds since its kernel began, gain, gradient norm, optimizer updates made before it)."""
+        """float64 (rows, len(ROW_COLUMNS)): the last :meth:`predict_block_run`'s ``run.row_out`` (per row
+        step: loss, nanoseconds since its kernel began, gain, gradient norm, optimizer updates made before it)."""
         return self._row_out
 
     @property
     def block_result(self) -> np.ndarray:
-        """float64 (13,): the kernel's results of the last :meth:`predict_block_run` (its ``run.result``)."""
+        """float64 (len(BLOCK_RESULT),): the kernel's results of the last :meth:`predict_block_run` (its
+        ``run.result``), slot i named BLOCK_RESULT[i]."""
         return self._block_result
 
     def predict_block_run(self, count: int, make_steps, rows=()) -> tuple[list, list[dict]]:
