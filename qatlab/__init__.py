@@ -36,7 +36,7 @@ from .train.ste_trainer import QatResult, SteTrainer
 from .train.phase import PhaseTrainer, StepInfo, TrainerStats, TrainingPhase, make_phase_trainer
 from .train.predictors import CorrectionResult, LeastSquaresPredictor, MomentumPredictor
 from .train.ternary_accumulator import TernaryGradientAccumulator
-from .train.vsa import VSABundle, VSAGradientCompressor, VSAReport
+from .train.vsa import VSABundle, VSAGradientCompressor, VSAHistory, VSAReport
 from .resources import check_memory, estimate_memory
 from .store import RunRecord, RunStore
 
@@ -65,7 +65,7 @@ __all__ = [
     "run_experiment", "RunResult", "MetricsLog", "FusedStep", "SteTrainer", "QatResult", "PhaseTrainer",
     "StepInfo", "TrainerStats", "TrainingPhase", "make_phase_trainer", "CorrectionResult",
     "LeastSquaresPredictor", "MomentumPredictor", "TernaryGradientAccumulator", "VSABundle",
-    "VSAGradientCompressor", "VSAReport", "check_memory", "estimate_memory",
+    "VSAGradientCompressor", "VSAHistory", "VSAReport", "check_memory", "estimate_memory",
     # runs, store, executor, sweeps
     "LocalRun", "compare_ste", "start_ste_comparison", "RunStore", "RunRecord", "connect", "shutdown", "Run",
     "RemoteRun", "Sweep", "SweepResult", "MedianStopping",

@@ -18,6 +18,8 @@ from .quant.ste import STE_NAMES, SteKind
 class _Config(param.Parameterized):
     """Base class: ``validate()``, ``to_dict()`` and ``from_dict()`` for every config."""
 
+    _retired: tuple = ()   # fields that were removed; from_dict skips them in old (stored) configs
+
     def validate(self) -> None:
         """Check rules that involve several fields; raise ``ValueError`` if broken."""
         for value in self.param.values().values():
@@ -38,6 +40,8 @@ class _Config(param.Parameterized):
         """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError``."""
         kwargs = {}
         for key, value in values.items():
+            if key in cls._retired:
+                continue
             if key not in cls.param or key == "name":
                 raise ValueError(f"{cls.__name__}: unknown field {key!r}")
             p = cls.param[key]
@@ -172,20 +176,21 @@ class PredictionConfig(_Config):
 
 
 class TernaryConfig(_Config):
-    """TernaryGradientAccumulator settings."""
+    """Ternary trend history (``PhaseConfig.history_storage = "ternary"``): TernaryGradientAccumulator settings."""
 
-    accumulation_steps = param.Integer(default=8, bounds=(1, 4096), doc="Gradients accumulated before an update is ready.")
+    _retired = ("accumulation_steps",)   # never changed a run: nothing trained through the accumulator then
     ternary_threshold = param.Number(default=0.5, bounds=(0.0, None), doc="Deterministic: |g| > t * mean|g| becomes +-1.")
     stochastic_rounding = param.Boolean(default=True, doc="Unbiased stochastic ternarization instead of the threshold.")
     seed = param.Integer(default=0, bounds=(0, 2**31 - 1), doc="Seed of the stochastic rounding.")
 
 
 class VSAConfig(_Config):
-    """VSAGradientCompressor settings."""
+    """VSA trend history (``PhaseConfig.history_storage = "vsa"``): VSAGradientCompressor settings."""
 
     dimension = param.Integer(default=8192, bounds=(64, 1 << 24), doc="Hypervector dimension D.")
-    compression_ratio = param.Number(default=0.1, bounds=(0.0, 1.0), inclusive_bounds=(False, True),
-                                     doc="Share of non-zeros in the sparse random projection.")
+    compression_ratio = param.Number(default=0.001, bounds=(0.0, 1.0), inclusive_bounds=(False, True), doc=(
+        "Share of non-zeros in the sparse random projection: k = max(1, round(ratio * D)) per parameter. It sets "
+        "the cost of coding, O(n k), not the quality (while n k >> D)."))
     seed = param.Integer(default=42, bounds=(0, 2**31 - 1), doc="Seed of the projection hash and keys.")
 
 
@@ -216,6 +221,12 @@ class PhaseConfig(_Config):
     loss_threshold = param.Number(default=0.1, bounds=(0.0, None), doc="Relative loss rise that lengthens FULL.")
     predictor = param.Selector(default="momentum", objects=["momentum", "least_squares"], doc="Gradient predictor.")
     prediction = param.ClassSelector(class_=PredictionConfig, default=PredictionConfig(), instantiate=True)
+    history_storage = param.Selector(default="float32", objects=["float32", "ternary", "vsa"], doc=(
+        "How the predictor keeps its trend entries (one block-mean gradient per FULL run, 2 for momentum, "
+        "history_size for least_squares): float32 (exact, 4 bytes per parameter each); ternary (packed trits and "
+        "one scale per tensor, 2 bits per parameter each, unbiased stochastic rounding; settings in ternary); vsa "
+        "(one hypervector of vsa.dimension floats each whatever the model's size, decoded when the trend is "
+        "recomputed; settings in vsa). The Phases tab and the phase bench show the bytes and the accuracy."))
     ternary = param.ClassSelector(class_=TernaryConfig, default=TernaryConfig(), instantiate=True)
     vsa = param.ClassSelector(class_=VSAConfig, default=VSAConfig(), instantiate=True)
 

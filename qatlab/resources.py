@@ -81,10 +81,11 @@ def estimate_memory(cfg, n_train: int, n_test: int, n_features: int, n_outputs: 
     eval_rows = max(1, min(EVAL_CHUNK, int(n_test)))
     # forward: every layer's output and each hidden layer's quantized copy (allocated always)
     per_row = acts + hidden
-    phase_vectors = 0
+    phase = 0
     if cfg.phase.enabled:   # trainer: staging, prediction, output; predictor: anchor, block sum, trend,
-        ring = 2 if cfg.phase.predictor == "momentum" else int(cfg.phase.prediction.history_size)
-        phase_vectors = 3 + 4 + ring                       # correction and its ring of block means
+        from .train.history import history_nbytes   # correction; then its trend entries in their store
+        tensors = [n for w, b, _ in counts for n in (w, b) if n]
+        phase = (3 + 4) * params * F32 + history_nbytes(cfg.phase, tensors)
     parts = {
         "parameters": params * F32,
         "gradients": (params + batch * (acts + n_features)) * F32,     # + the backward pass's deltas
@@ -93,7 +94,7 @@ def estimate_memory(cfg, n_train: int, n_test: int, n_features: int, n_outputs: 
         # + the batch gathered from the training split, and the loss's one-hot targets
         "scratch": (batch * (per_row + n_features) + max(batch, EVAL_CHUNK) * n_outputs) * F32,
         "eval_scratch": eval_rows * per_row * F32,
-        "phase": phase_vectors * params * F32,
+        "phase": phase,
         "dataset": (int(n_train) + int(n_test)) * (int(n_features) * F32 + 8),
         "conv_workspace": _conv_workspace(shapes, batch, eval_rows, cfg.quant.activations != "off") * F32,
     }

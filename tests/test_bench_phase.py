@@ -4,6 +4,7 @@ No timing assertions: only structure, the arithmetic that links columns, and the
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -221,3 +222,29 @@ def test_ideal_and_max_speedup_formulas():
     assert bench_phase._ideal_speedup(costs, 10, 4, "momentum", 4) == pytest.approx(10 * full / (4 * full + 6 * pred))
     assert bench_phase._max_speedup(costs, 4) == pytest.approx(full / pred)
     assert bench_phase._step_costs(costs, "least_squares", 4)[1] == pytest.approx(pred + 1.0)
+
+
+@pytest.mark.slow
+def test_history_storage_table_gives_bytes_and_accuracy_against_float32():
+    by = {v.key: v for v in bench_phase.VARIANTS}
+    everywhere = [dataclasses.replace(by[k], workloads=None) for k in ("hist_ternary", "hist_ls_vsa")]
+    variants = [by["full"], by["phase"], by["phase_ls"], *everywhere]
+    wl = tiny_workload(goal=False)
+    res = bench_phase.run_phase_bench([wl], FAST, repeats=1, warmup_epochs=0, variants=variants)
+    (table,) = [t for t in res.tables if t.columns is bench_phase.HISTORY_COLUMNS]
+    rows = {r["variant"]: r for r in table.rows}
+    assert list(rows) == ["phase", "phase_ls", "hist_ternary", "hist_ls_vsa"]
+    n = 16 * 16 + 16 + 16 * 10 + 10
+    f32, ls = rows["phase"], rows["phase_ls"]
+    assert (f32["history_storage"], f32["history_bytes"], f32["bytes_ratio"]) == ("float32", 2 * 4 * n, 1.0)
+    assert ls["history_bytes"] == 5 * 4 * n
+    tern, vsa = rows["hist_ternary"], rows["hist_ls_vsa"]
+    assert tern["history_bytes"] == 2 * ((256 + 3) // 4 + (16 + 3) // 4 + (160 + 3) // 4 + (10 + 3) // 4 + 4 * 4)
+    assert tern["bytes_ratio"] == pytest.approx(tern["history_bytes"] / f32["history_bytes"])
+    d = C.VSAConfig().dimension
+    assert vsa["history_bytes"] == 5 * 4 * d + 4 * d + 8 * d + 32
+    assert vsa["bytes_ratio"] == pytest.approx(vsa["history_bytes"] / ls["history_bytes"])
+    for r in (tern, vsa):      # one seed here: no mean over seeds, the seed-0 difference is the row's
+        assert r["acc_delta_pp"] == pytest.approx(100 * (r["test_accuracy"] - res.tables[0].rows[0]["test_accuracy"]))
+        assert math.isnan(r["acc_delta_seeds"]) and math.isnan(r["vs_float32_pp"]) and r["kind"] == "storage"
+    assert all(r["verdict"] is None for r in (tern, vsa)) and res.goals == []

@@ -45,9 +45,9 @@ def test_phase_defaults_match_issue():
         0, 10, 40, 10, 1, 1.0, True, 0.1, "momentum")
     assert p.prediction.to_dict() == {"history_size": 5, "momentum": 0.9, "correction_weight": 0.5,
                                       "history_decay": 0.95, "residual_threshold": 0.5, "learned_gain": True}
-    assert p.ternary.to_dict() == {"accumulation_steps": 8, "ternary_threshold": 0.5,
-                                   "stochastic_rounding": True, "seed": 0}
-    assert p.vsa.to_dict() == {"dimension": 8192, "compression_ratio": 0.1, "seed": 42}
+    assert p.history_storage == "float32"
+    assert p.ternary.to_dict() == {"ternary_threshold": 0.5, "stochastic_rounding": True, "seed": 0}
+    assert p.vsa.to_dict() == {"dimension": 8192, "compression_ratio": 0.001, "seed": 42}
 
 
 def test_qat_config_defaults():
@@ -88,7 +88,7 @@ BAD_VALUES = [
     (PredictionConfig, "history_size", 1), (PredictionConfig, "history_size", 65),
     (PredictionConfig, "momentum", 2.5), (PredictionConfig, "correction_weight", 1.5),
     (PredictionConfig, "history_decay", 0.0), (PredictionConfig, "residual_threshold", -0.1),
-    (TernaryConfig, "accumulation_steps", 0), (TernaryConfig, "ternary_threshold", -1.0),
+    (PhaseConfig, "history_storage", "float16"), (TernaryConfig, "ternary_threshold", -1.0),
     (VSAConfig, "dimension", 63), (VSAConfig, "compression_ratio", 0.0), (VSAConfig, "compression_ratio", 1.1),
     (PhaseConfig, "warmup_steps", -1), (PhaseConfig, "full_steps", -1), (PhaseConfig, "predict_steps", -1),
     (PhaseConfig, "correct_every", 0), (PhaseConfig, "gradient_accumulation", 0),
@@ -222,11 +222,10 @@ def _non_default_experiment() -> ExperimentConfig:
                           momentum=0.8, weight_decay=1e-4, max_grad_norm=2.5, loss="mse"),
         phase=PhaseConfig(enabled=True, warmup_steps=2, full_steps=4, predict_steps=12, correct_every=3,
                           gradient_accumulation=2, max_grad_norm=0.0, adaptive_phases=False, loss_threshold=0.2,
-                          predictor="least_squares",
+                          predictor="least_squares", history_storage="ternary",
                           prediction=PredictionConfig(history_size=7, momentum=1.1, correction_weight=0.25,
                                                       history_decay=0.9, residual_threshold=0.3),
-                          ternary=TernaryConfig(accumulation_steps=3, ternary_threshold=0.7,
-                                                stochastic_rounding=False, seed=5),
+                          ternary=TernaryConfig(ternary_threshold=0.7, stochastic_rounding=False, seed=5),
                           vsa=VSAConfig(dimension=1024, compression_ratio=0.5, seed=1)),
         metrics_every=3)
 
@@ -252,6 +251,15 @@ def test_round_trip_non_default_nested_through_json():
     assert isinstance(back.phase.prediction, PredictionConfig) and back.phase.prediction.history_size == 7
     assert back.quant.ste == SteKind.HARD_TANH and back.model.hidden == [32, 16]
     assert d["phase"]["vsa"] == {"dimension": 1024, "compression_ratio": 0.5, "seed": 1}
+
+
+def test_from_dict_skips_retired_fields_of_stored_configs():
+    old = ExperimentConfig().to_dict()
+    old["phase"]["ternary"]["accumulation_steps"] = 3        # removed: it never changed a run
+    back = ExperimentConfig.from_dict(old)
+    assert "accumulation_steps" not in back.phase.ternary.to_dict() and back.to_dict() != old
+    with pytest.raises(ValueError, match=r"TernaryConfig: unknown field 'accumulation_step'"):
+        TernaryConfig.from_dict({"accumulation_step": 3})
 
 
 def test_from_dict_partial_uses_defaults():

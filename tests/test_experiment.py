@@ -43,7 +43,8 @@ FINAL_KEYS = {"train_loss", "test_loss", "test_accuracy", "seconds", "steps_per_
 # Extras the loop adds today: "steps" (optimizer steps taken) and "train_seconds" (seconds minus the
 # per-epoch evaluation time). Phase mode adds PHASE_FINAL_EXTRAS.
 FINAL_EXTRAS = {"steps", "train_seconds"}
-PHASE_FINAL_EXTRAS = {"backward_passes", "speedup_steps", "speedup_wall", "mean_prediction_cosine", "prediction_gain"}
+PHASE_FINAL_EXTRAS = {"backward_passes", "speedup_steps", "speedup_wall", "mean_prediction_cosine", "prediction_gain",
+                      "history_bytes"}
 
 
 @pytest.fixture(scope="module")

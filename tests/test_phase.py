@@ -12,7 +12,7 @@ from qatlab.train import phase as phase_mod
 from qatlab.train.phase import PhaseTrainer, StepInfo, TrainerStats, TrainingPhase, make_phase_trainer
 from qatlab.train.predictors import LeastSquaresPredictor, MomentumPredictor
 from qatlab.train.ternary_accumulator import TernaryGradientAccumulator
-from qatlab.train.vsa import VSAGradientCompressor
+from qatlab.train.vsa import VSAHistory
 
 F32 = np.float32
 W, F, P, C = TrainingPhase.WARMUP, TrainingPhase.FULL, TrainingPhase.PREDICT, TrainingPhase.CORRECT
@@ -554,9 +554,7 @@ def test_stats_losses_bytes_and_metrics():
     s = pt.get_stats()
     assert s.mean_loss == {"warmup": 4.0, "full": 3.0, "predict": 2.0, "correct": 1.0}
     assert s.predictor_bytes == 2 * 16 * 4 + 2 * 8 + 4 * 16 * 4
-    assert s.accumulator_bytes == 0 and s.compressor_bytes == 0      # created on first access
-    acc, comp = pt.ternary_accumulator, pt.vsa_compressor
-    assert pt.get_stats().accumulator_bytes == acc.nbytes > 0 and pt.get_stats().compressor_bytes == comp.nbytes > 0
+    assert (s.history_storage, s.history_bytes) == ("float32", 2 * 16 * 4)
     m = pt.step_metrics()
     assert set(m) == {"phase", "backward_passes", "step_speedup", "wallclock_speedup", "prediction_error",
                       "prediction_cosine", "prediction_gain", "grad_norm", "full_length", "predict_length"}
@@ -569,16 +567,35 @@ def test_stats_losses_bytes_and_metrics():
     assert math.isnan(PhaseTrainer(SHAPES, cfg()).get_stats().mean_prediction_cosine)
 
 
-def test_accessors_use_nested_configs_and_reset():
-    c = cfg(ternary=TernaryConfig(accumulation_steps=3, seed=4), vsa=VSAConfig(dimension=128, seed=5))
+def test_history_storage_uses_nested_configs():
+    c = cfg(predictor="least_squares", prediction={"history_size": 3}, history_storage="ternary",
+            ternary=TernaryConfig(seed=4), vsa=VSAConfig(dimension=128, seed=5))
+    hist = PhaseTrainer(SHAPES, c)._predictor.history
+    assert isinstance(hist, TernaryGradientAccumulator) and hist.capacity == 3 and hist.config.seed == 4
+    c.history_storage = "vsa"
     pt = PhaseTrainer(SHAPES, c)
-    acc, comp = pt.ternary_accumulator, pt.vsa_compressor
-    assert isinstance(acc, TernaryGradientAccumulator) and acc.capacity == 3 and acc.config.seed == 4
-    assert isinstance(comp, VSAGradientCompressor) and comp.dimension == 128 and comp.config.seed == 5
-    assert pt.ternary_accumulator is acc
-    acc.add(grad_at(0))
+    hist = pt._predictor.history
+    assert isinstance(hist, VSAHistory) and hist.capacity == 3 and hist.compressor.dimension == 128
+    assert hist.compressor.config.seed == 5
+    s = pt.get_stats()
+    assert (s.history_storage, s.history_bytes) == ("vsa", hist.nbytes)
+    assert s.predictor_bytes == 4 * 16 * 4 + 3 * 8 + hist.nbytes
+
+
+@pytest.mark.parametrize("storage", ["ternary", "vsa"])
+def test_compressed_history_predicts_and_resets_to_the_same_run(storage):
+    """The trend comes from the store (it differs from float32's, and is finite); reset replays the run."""
+    def run(pt):
+        return np.array([step(pt, loss=1.0 / (t + 1))[1] for t in range(40)])
+
+    c = cfg(full_steps=3, predict_steps=5, correct_every=5, predictor="least_squares", history_storage=storage,
+            vsa=VSAConfig(dimension=64))
+    pt = PhaseTrainer(SHAPES, c)
+    first = run(pt)
     pt.reset()
-    assert acc.count == 0
+    np.testing.assert_array_equal(run(pt), first)
+    exact = run(PhaseTrainer(SHAPES, cfg(full_steps=3, predict_steps=5, correct_every=5, predictor="least_squares")))
+    assert np.isfinite(first).all() and not np.array_equal(first, exact)
 
 
 # ----------------------------------------------------------------- validation and protocol
@@ -669,7 +686,7 @@ def test_config_is_snapshotted_and_enabled_flag():
 
 # ----------------------------------------------------------------- determinism
 def trajectory(pt, n=60):
-    """Outputs of n steps of a noisy run (adaptation on), ternary accumulation included."""
+    """Outputs of n steps of a noisy run (adaptation on)."""
     r = np.random.default_rng(11)
     outs, losses = [], 2.0
     for t in range(n):
@@ -678,9 +695,6 @@ def trajectory(pt, n=60):
             g = {k: (v + F32(0.05) * r.standard_normal(v.shape).astype(F32)) for k, v in grad_at(t // 7).items()}
             pt.record_full_gradients(g)
             out = pt.gradients_for_update()
-            if pt.ternary_accumulator.ready_for_update():
-                pt.ternary_accumulator.clear()
-            pt.ternary_accumulator.add(out)
         else:
             out = pt.get_predicted_gradients()
         outs.append(flat(out))
@@ -688,23 +702,22 @@ def trajectory(pt, n=60):
         pt.end_step(losses)
     stats = pt.get_stats().to_dict()
     stats.pop("backward_seconds"), stats.pop("predict_seconds"), stats.pop("wallclock_speedup")
-    return np.array(outs), pt.ternary_accumulator.packed.copy(), stats
+    return np.array(outs), stats
 
 
 @pytest.mark.parametrize("predictor", ["momentum", "least_squares"])
-def test_same_config_same_trajectory_bit_for_bit(predictor):
+@pytest.mark.parametrize("storage", ["float32", "ternary"])
+def test_same_config_same_trajectory_bit_for_bit(predictor, storage):
     c = cfg(full_steps=3, predict_steps=9, correct_every=3, adaptive_phases=True, predictor=predictor,
-            prediction={"residual_threshold": 5.0})
-    a_out, a_packed, a_stats = trajectory(PhaseTrainer(SHAPES, c))
+            prediction={"residual_threshold": 5.0}, history_storage=storage)
+    a_out, a_stats = trajectory(PhaseTrainer(SHAPES, c))
     b = PhaseTrainer(SHAPES, c)
-    b_out, b_packed, b_stats = trajectory(b)
+    b_out, b_stats = trajectory(b)
     np.testing.assert_array_equal(a_out, b_out)
-    np.testing.assert_array_equal(a_packed, b_packed)
     assert a_stats == b_stats and a_stats["correct_steps"] > 0 and a_stats["corrections"] > 0
     b.reset()                                                     # reset == a fresh trainer
-    c_out, c_packed, c_stats = trajectory(b)
+    c_out, c_stats = trajectory(b)
     np.testing.assert_array_equal(a_out, c_out)
-    np.testing.assert_array_equal(a_packed, c_packed)
     assert a_stats == c_stats
 
 

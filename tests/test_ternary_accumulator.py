@@ -1,12 +1,11 @@
-"""TernaryGradientAccumulator and its kernels (hash, ternarize, packed accumulate) vs numpy."""
+"""TernaryGradientAccumulator and its kernels (hash, ternarize, weighted sum of packed trits) vs numpy."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from qatlab.config import TernaryConfig
-from qatlab.kernels.phase_kernels import (accumulate_trits, draw, mix64, ternarize_stochastic,
-                                          ternarize_threshold)
+from qatlab.kernels.phase_kernels import draw, mix64, ternarize_stochastic, ternarize_threshold, weighted_trits
 from qatlab.train.ternary_accumulator import TernaryGradientAccumulator
 
 F32 = np.float32
@@ -45,8 +44,22 @@ def shapes():
     return [("w", (7, 5)), ("b", (7,)), ("v", (2,))]
 
 
-def grads(rng, scale=1.0):
-    return {n: (scale * rng.standard_normal(s)).astype(F32) for n, s in shapes()}
+N = 35 + 7 + 2
+
+
+def flat(rng, scale=1.0):
+    return (scale * rng.standard_normal(N)).astype(F32)
+
+
+def weighted_ref(acc, coeffs):
+    """sum_k coeffs[k] * scales[k, t] * trits_k per tensor, float64, from the unpacked rows."""
+    out, b0 = [], 0
+    for t, (_, shape) in enumerate(shapes()):
+        n = int(np.prod(shape))
+        q = np.stack([unpack_ref(acc.packed[k, b0:], n) for k in range(acc.capacity)])
+        out.append((coeffs[:, None] * acc.scales[:, t:t + 1].astype(np.float64) * q).sum(0))
+        b0 += (n + 3) // 4
+    return np.concatenate(out)
 
 
 # ----------------------------------------------------------------- hash
@@ -101,71 +114,48 @@ def test_ternarize_stochastic_matches_numpy(rng, n, offset):
     assert ternarize_stochastic(np.zeros(n, F32), key, 0, packed)[0] == 0.0 and not packed.any()
 
 
-def test_accumulate_trits_matches_numpy(rng):
+def test_weighted_trits_matches_numpy(rng):
     k, n_a, n_b = 3, 9, 6
     trits = rng.integers(-1, 2, size=(k, n_a + n_b))
     packed = np.stack([np.concatenate([pack_ref(t[:n_a]), pack_ref(t[n_a:])]) for t in trits])
     scales = rng.random((k, 2)).astype(F32)
-    boff = (n_a + 3) // 4
+    coeffs = np.array([0.5, 0.0, -2.0])
     out = np.zeros(n_b, F32)
-    accumulate_trits(packed, scales, 2, boff, 1, out)
-    ref = (scales[:2, 1:2].astype(np.float64) * trits[:2, n_a:]).sum(0) / 2
+    weighted_trits(packed, scales, coeffs, (n_a + 3) // 4, 1, out)
+    ref = (coeffs[:, None] * scales[:, 1:2].astype(np.float64) * trits[:, n_a:]).sum(0)
     np.testing.assert_allclose(out, ref.astype(F32), rtol=1e-7)
 
 
 # ----------------------------------------------------------------- accumulator
 def test_packed_storage_nbytes():
-    acc = TernaryGradientAccumulator(shapes(), TernaryConfig(accumulation_steps=8))
+    acc = TernaryGradientAccumulator(8, shapes())
     per_row = (35 + 3) // 4 + (7 + 3) // 4 + (2 + 3) // 4      # 9 + 2 + 1 bytes
-    assert acc.packed.shape == (8, per_row) and acc.packed.dtype == np.uint8
+    assert acc.packed.shape == (8, per_row) and acc.packed.dtype == np.uint8 and acc.capacity == 8
     assert acc.nbytes == acc.packed.nbytes + acc.scales.nbytes == 8 * per_row + 8 * 3 * 4
-    big = TernaryGradientAccumulator([("w", (1000, 1000))], TernaryConfig(accumulation_steps=8))
+    big = TernaryGradientAccumulator(8, [("w", (1000, 1000))])
     assert big.nbytes == 8 * 250_000 + 8 * 4          # 2 MB where float32 would need 32 MB
 
 
-def test_ready_and_clear_cycle(rng):
-    acc = TernaryGradientAccumulator(shapes(), TernaryConfig(accumulation_steps=2))
-    with pytest.raises(RuntimeError, match="no gradient"):
-        acc.get_accumulated()
-    acc.add(grads(rng))
-    assert not acc.ready_for_update() and acc.count == 1
-    acc.add(grads(rng))
-    assert acc.ready_for_update()
-    with pytest.raises(RuntimeError, match="accumulation_steps=2"):
-        acc.add(grads(rng))
-    out = acc.get_accumulated()
-    assert {k: v.shape for k, v in out.items()} == dict(shapes()) and out["w"].dtype == F32
-    assert acc.nbytes == acc.packed.nbytes + acc.scales.nbytes + 44 * 4    # + output buffer once used
-    acc.clear()
-    assert acc.count == 0 and not acc.ready_for_update()
-
-
-def test_get_accumulated_formula_and_out(rng):
-    acc = TernaryGradientAccumulator(shapes(), TernaryConfig(accumulation_steps=3))
-    for _ in range(3):
-        acc.add(grads(rng))
-    got = acc.get_accumulated()
-    off = 0
-    for t, (name, shape) in enumerate(shapes()):
-        n = int(np.prod(shape))
-        b0 = sum((int(np.prod(s)) + 3) // 4 for _, s in shapes()[:t])
-        q = np.stack([unpack_ref(acc.packed[k, b0:], n) for k in range(3)])
-        ref = (acc.scales[:, t:t + 1].astype(np.float64) * q).sum(0) / 3
-        np.testing.assert_allclose(got[name].reshape(-1), ref, rtol=1e-6)
-        off += n
-    target = {n: np.zeros(s, np.float64) for n, s in shapes()}
-    assert acc.get_accumulated(out=target) is target
-    np.testing.assert_allclose(target["w"], got["w"])
+def test_weighted_sum_formula(rng):
+    acc = TernaryGradientAccumulator(3, shapes())
+    for slot in range(3):
+        acc.write(slot, flat(rng))
+    coeffs = np.array([0.25, -1.5, 0.0])
+    out = np.full(N, np.nan, F32)
+    assert acc.weighted_sum(coeffs, out) is out
+    np.testing.assert_allclose(out, weighted_ref(acc, coeffs), rtol=1e-6, atol=1e-7)
+    acc.write(2, flat(rng, 1e3))                       # a row with coefficient 0 changes nothing
+    np.testing.assert_array_equal(acc.weighted_sum(coeffs, np.zeros(N, F32)), out)
 
 
 def test_stochastic_rounding_is_unbiased():
-    """2000 draws of the same gradient: the mean estimate is within its standard error of g."""
+    """2000 draws of the same gradient, averaged: the estimate is within its standard error of g."""
     n, k = 512, 2000
     g = (np.random.default_rng(7).standard_normal(n) * np.linspace(0.01, 1, n)).astype(F32)
-    acc = TernaryGradientAccumulator([("g", (n,))], TernaryConfig(accumulation_steps=k, seed=3))
-    for _ in range(k):
-        acc.add({"g": g})
-    est = acc.get_accumulated()["g"].astype(np.float64)
+    acc = TernaryGradientAccumulator(k, [("g", (n,))], TernaryConfig(seed=3))
+    for slot in range(k):
+        acc.write(slot, g)
+    est = acc.weighted_sum(np.full(k, 1.0 / k), np.zeros(n, F32)).astype(np.float64)
     s = np.abs(g).max()
     se = np.sqrt(np.maximum(s * np.abs(g) - g.astype(np.float64) ** 2, 1e-30) / k)
     z = (est - g) / se
@@ -174,53 +164,57 @@ def test_stochastic_rounding_is_unbiased():
     assert 0.8 < z.var() < 1.2                            # the variance is the binomial one
 
 
-def test_deterministic_mode_uses_threshold_and_is_biased(rng):
+def test_deterministic_mode_uses_threshold_and_is_biased():
     g = np.array([0.05, -0.2, 1.0, -1.0, 0.4, 0.0], F32)          # mean|g| = 0.4417
-    cfg = TernaryConfig(stochastic_rounding=False, ternary_threshold=0.5, accumulation_steps=4)
-    acc = TernaryGradientAccumulator([("g", (6,))], cfg)
-    acc.add({"g": g})
-    acc.add({"g": g})
+    acc = TernaryGradientAccumulator(2, [("g", (6,))], TernaryConfig(stochastic_rounding=False, ternary_threshold=0.5))
+    acc.write(0, g)
+    acc.write(1, g)
     np.testing.assert_array_equal(unpack_ref(acc.packed[0], 6), [0, 0, 1, -1, 1, 0])
     assert acc.scales[0, 0] == pytest.approx(0.8)
     np.testing.assert_array_equal(acc.packed[0], acc.packed[1])   # no randomness
-    np.testing.assert_allclose(acc.get_accumulated()["g"], [0, 0, 0.8, -0.8, 0.8, 0], rtol=1e-6)
+    np.testing.assert_allclose(acc.weighted_sum(np.array([0.5, 0.5]), np.zeros(6, F32)), [0, 0, 0.8, -0.8, 0.8, 0],
+                               rtol=1e-6)
     assert acc.last_fractions == pytest.approx((1 / 6, 3 / 6, 2 / 6))
-    acc2 = TernaryGradientAccumulator([("g", (6,))], TernaryConfig(stochastic_rounding=False, ternary_threshold=0.0))
-    acc2.add({"g": g})
+    acc2 = TernaryGradientAccumulator(1, [("g", (6,))], TernaryConfig(stochastic_rounding=False, ternary_threshold=0.0))
+    acc2.write(0, g)
     np.testing.assert_array_equal(unpack_ref(acc2.packed[0], 6), [1, -1, 1, -1, 1, 0])
 
 
 def test_seed_determinism_and_stream(rng):
-    g = grads(rng)
+    g = flat(rng)
     runs = []
     for seed in (0, 0, 1):
-        acc = TernaryGradientAccumulator(shapes(), TernaryConfig(accumulation_steps=4, seed=seed))
-        for _ in range(4):
-            acc.add(g)
+        acc = TernaryGradientAccumulator(4, shapes(), TernaryConfig(seed=seed))
+        for slot in range(4):
+            acc.write(slot, g)
         runs.append(acc.packed.copy())
     np.testing.assert_array_equal(runs[0], runs[1])
     assert not np.array_equal(runs[0], runs[2])
-    assert not np.array_equal(runs[0][0], runs[0][1])        # fresh draws for every add
-    acc = TernaryGradientAccumulator(shapes(), TernaryConfig(accumulation_steps=4, seed=0))
-    acc.add(g)
-    acc.clear()
-    acc.add(g)                                                # the stream continues after clear()
+    assert not np.array_equal(runs[0][0], runs[0][1])        # fresh draws for every write
+    acc = TernaryGradientAccumulator(4, shapes(), TernaryConfig(seed=0))
+    acc.write(0, g)
+    acc.write(0, g)                                           # the stream continues: the second draw
     assert np.array_equal(acc.packed[0], runs[0][1])
     acc.reset()
-    acc.add(g)                                                # and restarts after reset()
+    acc.write(0, g)                                           # and restarts after reset()
     assert np.array_equal(acc.packed[0], runs[0][0])
 
 
 def test_validation(rng):
-    acc = TernaryGradientAccumulator(shapes())
-    g = grads(rng)
-    with pytest.raises(ValueError, match=r"grads\['b'\]: expected shape \(7,\), got \(8,\)"):
-        acc.add({**g, "b": np.zeros(8, F32)})
+    acc = TernaryGradientAccumulator(2, shapes())
+    before = acc.packed.copy()
+    with pytest.raises(ValueError, match=r"flat: a flat array must be float32 of shape \(44,\)"):
+        acc.write(0, np.zeros(43, F32))
     with pytest.raises(ValueError, match="NaN"):
-        acc.add({**g, "v": np.array([np.nan, 0], F32)})
-    assert acc.count == 0
+        acc.write(0, np.full(N, np.nan, F32))
+    with pytest.raises(ValueError, match=r"slot: must be in \[0, 2\)"):
+        acc.write(2, flat(rng))
+    np.testing.assert_array_equal(acc.packed, before)
     with pytest.raises(TypeError, match="TernaryConfig"):
-        TernaryGradientAccumulator(shapes(), config={"seed": 1})
-    for field, bad in [("accumulation_steps", 0), ("ternary_threshold", -0.1), ("seed", -1)]:
+        TernaryGradientAccumulator(2, shapes(), config={"seed": 1})
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="capacity"):
+            TernaryGradientAccumulator(bad, shapes())
+    for field, bad in [("ternary_threshold", -0.1), ("seed", -1)]:
         with pytest.raises(ValueError, match=field):
             TernaryConfig(**{field: bad})

@@ -8,7 +8,7 @@ import pytest
 
 from qatlab.config import VSAConfig
 from qatlab.kernels.phase_kernels import vsa_bind_bundle, vsa_project, vsa_unbind_backproject
-from qatlab.train.vsa import VSABundle, VSAGradientCompressor, expected_cosine
+from qatlab.train.vsa import VSABundle, VSAGradientCompressor, VSAHistory, expected_cosine
 
 F32 = np.float32
 U64 = np.uint64
@@ -179,3 +179,44 @@ def test_million_parameter_model_under_100mb():
           f"chance ~{1 / np.sqrt(n):.4f}), {rep.bytes_before} -> {rep.bytes_after} bytes, peak {peak / 2**20:.1f} MB")
     assert abs(rep.cosine - rep.expected_cosine) < 0.015
     assert rep.cosine > 50 / np.sqrt(n)       # 50 standard deviations above chance
+
+
+# ----------------------------------------------------------------- VSAHistory (phase training's trend entries)
+def test_history_weighted_sum_is_the_decoded_weighted_bundle():
+    """Decoding is linear: weighted_sum = sum_k c_k decompress(bundle_k), and close to sum_k c_k g_k."""
+    shapes = model()
+    cfg = VSAConfig(dimension=2048, compression_ratio=0.01)
+    hist, codec = VSAHistory(3, shapes, cfg), VSAGradientCompressor(shapes, cfg)
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal(10_000)
+    flats = [(base + 0.1 * rng.standard_normal(10_000)).astype(F32) for _ in range(3)]
+    for slot, f in enumerate(flats):
+        hist.write(slot, f)
+        np.testing.assert_array_equal(hist.rows[slot], codec.compress(codec.layout.views(f)).vector)
+    coeffs = np.array([0.5, 0.0, 2.0])
+    out = np.full(10_000, np.nan, F32)
+    assert hist.weighted_sum(coeffs, out) is out
+    decoded = [codec.decompress_flat(hist.rows[k], np.zeros(10_000, F32)).astype(np.float64) for k in (0, 2)]
+    np.testing.assert_allclose(out, 0.5 * decoded[0] + 2.0 * decoded[1], rtol=1e-4, atol=1e-4)
+    truth = 0.5 * flats[0].astype(np.float64) + 2.0 * flats[2]
+    cos = float(out @ truth / np.linalg.norm(out) / np.linalg.norm(truth))
+    assert abs(cos - expected_cosine(10_000, 2048)) < 0.05
+
+
+def test_history_bytes_do_not_grow_with_the_model():
+    small, big = VSAHistory(5, model(), VSAConfig(dimension=1024)), VSAHistory(5, model((40_000, 40_000)),
+                                                                              VSAConfig(dimension=1024))
+    assert small.nbytes == big.nbytes == 5 * 1024 * 4 + 1024 * 4 + big.compressor.nbytes
+    assert small.capacity == 5
+
+
+def test_history_validation():
+    hist = VSAHistory(2, model(), VSAConfig(dimension=256))
+    before = hist.rows.copy()
+    with pytest.raises(ValueError, match=r"flat: a flat array must be float32 of shape \(10000,\)"):
+        hist.write(0, np.zeros(10, F32))
+    with pytest.raises(ValueError, match="NaN"):
+        hist.write(0, np.full(10_000, np.inf, F32))
+    np.testing.assert_array_equal(hist.rows, before)
+    with pytest.raises(ValueError, match="capacity"):
+        VSAHistory(0, model())

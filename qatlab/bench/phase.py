@@ -114,7 +114,8 @@ class Workload:
 class Variant:
     """One row: ``phase`` None = full backprop, else PhaseConfig overrides (``prediction.x`` for nested).
 
-    kind: "baseline", "phase" (judged against the goals), "control" or "diagnostic" (reported only).
+    kind: "baseline", "phase" (judged against the goals), "control", "diagnostic" or "storage" (a trend-history
+    store other than float32: reported with its bytes, not judged).
     """
 
     key: str
@@ -139,7 +140,12 @@ VARIANTS: tuple[Variant, ...] = (
             workloads=("digits",)),
     Variant("diag_nogain", "diagnostic: learned_gain off", {"prediction.learned_gain": False}, kind="diagnostic",
             workloads=("digits",)),
+    *(Variant(f"hist_{pk}{storage}", f"{pl}{storage} trend history", {**over, "history_storage": storage},
+              kind="storage", workloads=("digits",))
+      for pk, pl, over in (("", "phase, ", {}), ("ls_", "phase, least_squares, ", {"predictor": "least_squares"}))
+      for storage in ("ternary", "vsa")),
 )
+STORED_AS_FLOAT32 = {"momentum": "phase", "least_squares": "phase_ls"}   # the float32 row of each predictor
 
 
 def digits_workload(epochs: int = DIGITS_EPOCHS) -> Workload:
@@ -332,6 +338,8 @@ def _row(workload: Workload, variant: Variant, cfg: C.ExperimentConfig, results:
         "correction_resets": ps.get("correction_resets", 0) if phase_on else 0,
         "clipped_steps": ps.get("clipped_steps", 0) if phase_on else 0,
         "prediction_gain_end": ps.get("prediction_gain", math.nan) if phase_on else math.nan,
+        "history_storage": cfg.phase.history_storage if phase_on else None,
+        "history_bytes": ps.get("history_bytes") if phase_on else None,
         "full_length_end": ps.get("full_length") if phase_on else None,
         "predict_length_end": ps.get("predict_length") if phase_on else None,
         "loss_full": mean_loss.get("full", math.nan), "loss_predict": mean_loss.get("predict", math.nan),
@@ -397,6 +405,34 @@ COMPONENT_COLUMNS = [
 ]
 
 
+HISTORY_COLUMNS = [
+    Column("label", "configuration"),
+    Column("history_storage", "stored as"),
+    Column("history_bytes", "history bytes", "{:,d}"),
+    Column("bytes_ratio", "of float32", _pct),
+    Column("acc_delta_pp", "Δacc pp (seed 0)", "{:+.2f}"),
+    Column("acc_delta_seeds", "Δacc pp (seeds)", "{:+.2f}"),
+    Column("vs_float32_pp", "minus float32's pp", "{:+.2f}"),
+    Column("cosine", "cos", "{:+.3f}"),
+    Column("wall_speedup", "wall x", "{:.2f}x"),
+]
+
+
+def _history_rows(rows: list[dict]) -> list[dict]:
+    """The storage rows after the float32 rows of the same predictors: bytes held, accuracy against full backprop
+    (mean over the seeds when measured) and against the same predictor with float32 entries."""
+    by = {r["variant"]: r for r in rows}
+    stored = [r for r in rows if r["kind"] == "storage" and STORED_AS_FLOAT32[r["predictor"]] in by]
+    float32 = [by[k] for k in STORED_AS_FLOAT32.values() if k in by and stored]
+    out = []
+    for r in float32 + stored:
+        f32 = by[STORED_AS_FLOAT32[r["predictor"]]]
+        acc = r.get("acc_delta_seeds_pp", math.nan)
+        out.append({**r, "bytes_ratio": r["history_bytes"] / f32["history_bytes"], "acc_delta_seeds": acc,
+                    "vs_float32_pp": acc - f32.get("acc_delta_seeds_pp", math.nan)})
+    return out
+
+
 def _verdict(row: dict) -> str | None:
     if row["kind"] != "phase":
         return None
@@ -418,7 +454,7 @@ def _seed_rows(wl: Workload, vs: Sequence[Variant], seeds: Sequence[int], rows: 
     the worst; the wall-clock speedup per seed (median train seconds of the baseline over the
     variant's, same seed), their median, and the backward passes per seed; also stored in ``rows``.
     Returns (accuracy rows, wall-clock rows)."""
-    keep = [v for v in vs if v.kind in ("baseline", "phase", "diagnostic")]
+    keep = [v for v in vs if v.kind in ("baseline", "phase", "diagnostic", "storage")]
     runs: dict[str, dict[int, list[dict]]] = {v.key: {sd: [] for sd in seeds} for v in keep}
     for seed in seeds:
         for rep in range(SEED_REPEATS):
@@ -432,7 +468,7 @@ def _seed_rows(wl: Workload, vs: Sequence[Variant], seeds: Sequence[int], rows: 
     base_s = {sd: _median([r["train_seconds"] for r in base[sd]]) for sd in seeds}
     acc_rows, wall_rows = [], []
     for v, row in zip(vs, rows):
-        if v.kind not in ("phase", "diagnostic"):
+        if v.kind not in ("phase", "diagnostic", "storage"):
             continue
         mine = runs[v.key]
         deltas = [row["acc_delta_pp"]] + [100.0 * (mine[sd][0]["test_accuracy"] - base[sd][0]["test_accuracy"])
@@ -525,6 +561,9 @@ def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeat
                                  Column("min", "min", "{:.2f}x"), Column("max", "max", "{:.2f}x"),
                                  Column("passing", "seeds >= 1.5x"),
                                  Column("backward", "backward passes: median (min..max)")], wall_rows))
+        if history_rows := _history_rows(rows):
+            tables.append(Table(f"{wl.label}: where the predictor keeps its trend entries (history_storage): bytes "
+                                f"and accuracy{tag}", HISTORY_COLUMNS, history_rows))
         pred = gradient_predictability(wl.config) if wl.goal else None
         if pred is not None:
             tables.append(Table(f"{wl.label}: how far real gradients carry over (full backprop, seed 0, "

@@ -78,7 +78,7 @@ class _RowLog(MetricsLog):
 
 
 #: MetricsLog.meta entries the trainer sets once it has built the model, sent with the next batch.
-LIVE_META = ("n_layers", "sizes", "total_steps")
+LIVE_META = ("n_layers", "sizes", "total_steps", "phase_history")
 
 
 class _Sender:

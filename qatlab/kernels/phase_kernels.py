@@ -295,24 +295,26 @@ def ternarize_stochastic(g, key, offset, packed):
 
 
 @njit(**_OPTS)
-def accumulate_trits(packed, scales, count, byte_offset, tensor, out):
-    """out[i] = float32(sum_{k<count} scales[k, tensor] * trit_k[i] / count) for one tensor.
+def weighted_trits(packed, scales, coeffs, byte_offset, tensor, out):
+    """out[i] = float32(sum_k coeffs[k] * scales[k, tensor] * trit_k[i]) for one tensor, float64 sums
+    in row order; rows with coeffs[k] == 0 are skipped.
 
     packed uint8 (K, B) rows of packed trits, the tensor's bytes start at ``byte_offset``;
-    scales float32 (K, T); count 1..K; out float32 (n,) for the tensor's n elements.
+    scales float32 (K, T); coeffs float64 (K,); out float32 (n,) for the tensor's n elements.
     """
-    inv = 1.0 / count
     for i in range(out.shape[0]):
         byte_i = byte_offset + (i >> 2)
         shift = 2 * (i & 3)
         acc = 0.0
-        for k in range(count):
-            code = (packed[k, byte_i] >> shift) & 3
-            if code == 1:
-                acc += np.float64(scales[k, tensor])
-            elif code == 2:
-                acc -= np.float64(scales[k, tensor])
-        out[i] = np.float32(acc * inv)
+        for k in range(packed.shape[0]):
+            c = coeffs[k]
+            if c != 0.0:
+                code = (packed[k, byte_i] >> shift) & 3
+                if code == 1:
+                    acc += c * np.float64(scales[k, tensor])
+                elif code == 2:
+                    acc -= c * np.float64(scales[k, tensor])
+        out[i] = np.float32(acc)
 
 
 # --------------------------------------------------------------------------- VSA

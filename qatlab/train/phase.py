@@ -52,9 +52,8 @@ from ..kernels.dense import sum_squares
 from ..kernels.fused import BLOCK_RESULT, CORRECTION_COLUMNS, PREDICTOR_STATE, ROW_COLUMNS, predicted_steps
 from ..kernels.state import BlockPlan, Opt, Predictor
 from ..kernels.phase_kernels import copy_sum_squares
+from .history import make_history
 from .predictors import CorrectionResult, ParamLayout, make_predictor
-from .ternary_accumulator import TernaryGradientAccumulator
-from .vsa import VSAGradientCompressor
 
 _clock = time.perf_counter   # replaced by tests
 _FALLING_CYCLES = 2
@@ -133,7 +132,8 @@ class TrainerStats:
     ``micro_batches`` = real gradients recorded. ``mean_loss`` maps phase labels to the mean
     loss over those steps whose loss was measured (NaN if none). Prediction error / cosine are means
     over corrections (of the predictions before the gain); ``prediction_gain`` is the gain that
-    scales the predictions handed out now (1.0 without ``learned_gain``).
+    scales the predictions handed out now (1.0 without ``learned_gain``). ``predictor_bytes``: every
+    array the predictor holds, ``history_bytes`` of them its trend entries (``history_storage``).
     """
 
     total_steps: int = 0
@@ -158,8 +158,8 @@ class TrainerStats:
     prediction_gain: float = 1.0
     clipped_steps: int = 0
     predictor_bytes: int = 0
-    accumulator_bytes: int = 0
-    compressor_bytes: int = 0
+    history_storage: str = "float32"
+    history_bytes: int = 0
 
     def to_dict(self) -> dict:
         """Plain dict (JSON-ready)."""
@@ -203,14 +203,12 @@ class PhaseTrainer:
         self._pred = np.zeros(n, dtype=np.float32)   # prediction on CORRECT steps / apply_correction
         self._out = np.zeros(n, dtype=np.float32)    # clipped gradient handed out as dict views
         self._out_views = self._layout.views(self._out)
-        self._predictor = make_predictor(config.predictor, n, self._config.prediction)
+        self._predictor = make_predictor(c.predictor, n, c.prediction, make_history(c, self._layout))
         self._checked_run_args = (None, None, None)   # predicted_steps' (opt, params, out) once checked
         # predict_block_run's kernel buffers (named slots and columns: qatlab.kernels.fused)
         self._block_result, self._block_state = np.zeros(len(BLOCK_RESULT)), np.zeros(len(PREDICTOR_STATE))
         self._corrections = np.zeros((0, len(CORRECTION_COLUMNS)))
         self._row_out = np.zeros((0, len(ROW_COLUMNS)))
-        self._accumulator = None
-        self._compressor = None
         self.reset()
 
     # ------------------------------------------------------------------ state
@@ -245,8 +243,6 @@ class PhaseTrainer:
         self._last_correction = None
         self._last_norm = _NAN
         self._predictor.reset()
-        if self._accumulator is not None:
-            self._accumulator.reset()
 
     @property
     def config(self) -> PhaseConfig:
@@ -308,24 +304,6 @@ class PhaseTrainer:
     def last_correction(self) -> CorrectionResult | None:
         """The most recent correction measurement (None before the first)."""
         return self._last_correction
-
-    @property
-    def ternary_accumulator(self) -> TernaryGradientAccumulator:
-        """A :class:`TernaryGradientAccumulator` over these parameters (``config.ternary``),
-        created on first access; the step loop does not feed it."""
-        if self._accumulator is None:
-            self._accumulator = TernaryGradientAccumulator(list(zip(self._layout.names, self._layout.shapes)),
-                                                           self._config.ternary)
-        return self._accumulator
-
-    @property
-    def vsa_compressor(self) -> VSAGradientCompressor:
-        """A :class:`VSAGradientCompressor` over these parameters (``config.vsa``), created on
-        first access; the step loop does not use it (each call costs O(n k))."""
-        if self._compressor is None:
-            self._compressor = VSAGradientCompressor(list(zip(self._layout.names, self._layout.shapes)),
-                                                     self._config.vsa)
-        return self._compressor
 
     def should_compute_full(self) -> bool:
         """Whether the step in progress (or the next step) runs a backward pass."""
@@ -927,8 +905,7 @@ class PhaseTrainer:
             mean_prediction_cosine=self._corr_cos / n_corr if n_corr else _NAN,
             prediction_gain=self._predictor.gain,
             clipped_steps=self._clipped, predictor_bytes=self._predictor.nbytes,
-            accumulator_bytes=self._accumulator.nbytes if self._accumulator is not None else 0,
-            compressor_bytes=self._compressor.nbytes if self._compressor is not None else 0)
+            history_storage=self._predictor.history.storage, history_bytes=self._predictor.history.nbytes)
 
     def step_metrics(self) -> dict[str, float]:
         """Flat row for a MetricsLog after :meth:`end_step` (all floats; NaN where unmeasured).

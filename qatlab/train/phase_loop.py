@@ -229,7 +229,7 @@ class PhaseStepper:
         s = self.trainer.get_stats()
         return {"backward_passes": s.backward_passes, "speedup_steps": s.speedup_ratio,
                 "speedup_wall": s.wallclock_speedup, "mean_prediction_cosine": s.mean_prediction_cosine,
-                "prediction_gain": s.prediction_gain}
+                "prediction_gain": s.prediction_gain, "history_bytes": s.history_bytes}
 
     def stats(self) -> dict:
         """The full TrainerStats as a plain dict."""

@@ -7,7 +7,9 @@ What a predictor holds (all flat float32 (n,))::
 
     g1 at t1            the anchor: the newest real gradient (every real gradient replaces it)
     G_i at T_i          trend entries: the mean of the real gradients of one *block*, at the
-                        block's mean step T_i = mean of its steps (T_1 newest, increasing in time)
+                        block's mean step T_i = mean of its steps (T_1 newest, increasing in time),
+                        kept in a history store: float32 rows (:class:`FloatHistory`, exact), packed
+                        trits or VSA hypervectors (``PhaseConfig.history_storage``, :mod:`qatlab.train.history`)
     c at t_c            the learned correction
 
 A block is a run of real gradients the caller groups together (:meth:`GradientPredictor.push`
@@ -186,24 +188,60 @@ class CorrectionResult:
     reset: bool
 
 
+class FloatHistory:
+    """Trend entries as float32 rows (capacity, size): what the other history stores are measured against."""
+
+    storage = "float32"
+
+    def __init__(self, capacity: int, size: int):
+        self.rows = np.zeros((capacity, size), dtype=F32)
+
+    @property
+    def capacity(self) -> int:
+        return self.rows.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows.nbytes
+
+    def reset(self) -> None:
+        """Nothing to forget: rows are written before they are read."""
+
+    def write(self, slot: int, flat: np.ndarray) -> None:
+        """Row ``slot`` = flat (float32 (size,))."""
+        self.rows[slot] = flat
+
+    def weighted_sum(self, coeffs: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """out = sum_i coeffs[i] rows[i] (float64 sums, stored float32); returns out."""
+        weighted_rows(self.rows, coeffs, out)
+        return out
+
+
+def trend_capacity(kind: str, config: PredictionConfig) -> int:
+    """Trend entries the predictor ``kind`` holds: 2 (momentum) or ``history_size`` (least_squares)."""
+    return 2 if kind == "momentum" else int(config.history_size)
+
+
 class GradientPredictor:
     """Base predictor over flat float32 gradients of length ``size`` (see module doc).
 
-    Holds the anchor (float32 (size,)), ``capacity`` trend entries (ring buffer, float32
-    (capacity, size), their steps float64 (capacity,)), the open block's sum (float32 (size,))
-    and the correction (float32 (size,)).
+    Holds the anchor (float32 (size,)), ``capacity`` trend entries (ring buffer in ``history``,
+    a :class:`FloatHistory` unless another store is given; their steps float64 (capacity,)), the
+    open block's sum (float32 (size,)) and the correction (float32 (size,)).
     """
 
     kind = "base"
 
-    def __init__(self, size: int, config: PredictionConfig, capacity: int):
+    def __init__(self, size: int, config: PredictionConfig, capacity: int, history=None):
         self.config = config   # read here, once: the floats below are what the steps use
         self._momentum, self._decay = float(config.momentum), float(config.history_decay)
         self._weight, self._threshold = float(config.correction_weight), float(config.residual_threshold)
         self._learn_gain = bool(config.learned_gain)
         self.size = int(size)
         self.anchor = np.zeros(self.size, dtype=F32)
-        self.history = np.zeros((capacity, self.size), dtype=F32)
+        self.history = FloatHistory(capacity, self.size) if history is None else history
+        if self.history.capacity != capacity:
+            raise ValueError(f"history: must hold {capacity} entries, holds {self.history.capacity}")
         self.steps = np.full(capacity, -1.0, dtype=np.float64)
         self.block_sum = np.zeros(self.size, dtype=F32)
         self.trend = np.zeros(self.size, dtype=F32)
@@ -220,6 +258,7 @@ class GradientPredictor:
         self.block_steps = 0.0  # sum of their steps
         self.correction_step = -1   # step the correction was learned at; -1: none
         self.steps[:] = -1.0
+        self.history.reset()
         self.correction[:] = 0.0
         self.has_trend = False  # trend = sum_i b_i G_i is set (non-zero coefficients)
         self._trend_stale = False   # a block closed since the trend was computed
@@ -228,7 +267,8 @@ class GradientPredictor:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the arrays held (anchor, trend entries and their steps, open block, trend, correction)."""
+        """Bytes of the arrays held (anchor, trend entries in their store and their steps, open block, trend,
+        correction)."""
         return (self.anchor.nbytes + self.history.nbytes + self.steps.nbytes + self.block_sum.nbytes
                 + self.trend.nbytes + self.correction.nbytes)
 
@@ -302,8 +342,8 @@ class GradientPredictor:
         n = self.block_count
         if n == 0:
             return
-        row = self.history[self.head]
-        np.multiply(self.block_sum, np.float32(1.0 / n), out=row)
+        np.multiply(self.block_sum, np.float32(1.0 / n), out=self.block_sum)   # the sum restarts with the next block
+        self.history.write(self.head, self.block_sum)
         self.steps[self.head] = self.block_steps / n
         self.head = (self.head + 1) % len(self.steps)
         self.count = min(self.count + 1, len(self.steps))
@@ -314,7 +354,7 @@ class GradientPredictor:
         coeffs = self.trend_coefficients()
         self.has_trend = any(c != 0.0 for c in coeffs.tolist())
         if self.has_trend:
-            weighted_rows(self.history, coeffs, self.trend)
+            self.history.weighted_sum(coeffs, self.trend)
         self._trend_stale = False
 
     def trend_coefficients(self) -> np.ndarray:
@@ -396,8 +436,8 @@ class MomentumPredictor(GradientPredictor):
 
     kind = "momentum"
 
-    def __init__(self, size: int, config: PredictionConfig):
-        super().__init__(size, config, capacity=2)
+    def __init__(self, size: int, config: PredictionConfig, history=None):
+        super().__init__(size, config, trend_capacity(self.kind, config), history)
 
     def trend_coefficients(self) -> np.ndarray:
         c = np.zeros(len(self.steps))
@@ -415,8 +455,8 @@ class LeastSquaresPredictor(GradientPredictor):
 
     kind = "least_squares"
 
-    def __init__(self, size: int, config: PredictionConfig):
-        super().__init__(size, config, capacity=int(config.history_size))
+    def __init__(self, size: int, config: PredictionConfig, history=None):
+        super().__init__(size, config, trend_capacity(self.kind, config), history)
 
     def trend_coefficients(self) -> np.ndarray:
         c = np.zeros(len(self.steps))
@@ -432,10 +472,11 @@ class LeastSquaresPredictor(GradientPredictor):
         return c
 
 
-def make_predictor(kind: str, size: int, config: PredictionConfig) -> GradientPredictor:
-    """The predictor named ``kind`` ("momentum" or "least_squares") over (size,) gradients."""
+def make_predictor(kind: str, size: int, config: PredictionConfig, history=None) -> GradientPredictor:
+    """The predictor named ``kind`` ("momentum" or "least_squares") over (size,) gradients, its trend
+    entries in ``history`` (a store of :func:`trend_capacity` entries; None: float32 rows)."""
     if kind == "momentum":
-        return MomentumPredictor(size, config)
+        return MomentumPredictor(size, config, history)
     if kind == "least_squares":
-        return LeastSquaresPredictor(size, config)
+        return LeastSquaresPredictor(size, config, history)
     raise ValueError(f"predictor: must be 'momentum' or 'least_squares', got {kind!r}")

@@ -29,6 +29,7 @@ from ..optim import make_optimizer
 from ..resources import check_memory
 from ..runtime.fpmode import subnormals_flushed
 from .build import build_model, check_cnn
+from .history import history_summary
 from .fused_step import FusedStep
 from .loss import EVAL_CHUNK, BatchLoss, evaluate
 from .lsq import LsqScales
@@ -83,6 +84,9 @@ class Trainer:
         flushed to zero in this thread meanwhile (:mod:`qatlab.runtime.fpmode`)."""
         with subnormals_flushed():
             self.log.meta.update(n_layers=self.mlp.num_layers, sizes=list(self.mlp.sizes), total_steps=self.total)
+            if self.cfg.phase.enabled:
+                tensors = [a.size for _, a in self.mlp.parameters()]
+                self.log.meta["phase_history"] = history_summary(self.cfg.phase, tensors)
             self.t0 = time.perf_counter()
             status, message = "finished", ""
             for epoch in range(self.cfg.optim.epochs):

@@ -1,4 +1,8 @@
-r"""VSAGradientCompressor: gradients -> one D-dimensional hypervector, and back.
+r"""VSAGradientCompressor: gradients -> one D-dimensional hypervector, and back; VSAHistory: trend entries as such.
+
+Phase training's predictor keeps its trend entries (block-mean gradients) as hypervectors when
+``PhaseConfig.history_storage == "vsa"`` (:class:`VSAHistory`): D floats each whatever the model's
+size. Decompression is linear, so the trend sum_i b_i G_i is decoded once from sum_i b_i bundle_i.
 
 For each tensor t (flat g_t, n_t elements, index t in ``param_shapes``)::
 
@@ -24,8 +28,7 @@ n * k >> D::
 
 (chance level is ~1 / sqrt(n); for n well below D the measured cosine is somewhat higher).
 ``compression_ratio`` sets k, i.e. the cost O(n k) of each compress / decompress and how
-Gaussian y is, not the expected cosine: the defaults (D = 8192, ratio 0.1, k = 819) cost about
-10 s per call for 1M parameters on one core, ratio 0.001 (k = 8) about 0.1 s.
+Gaussian y is, not the expected cosine (as long as n k >> D): the default 0.001 (k = 8 at D = 8192).
 """
 from __future__ import annotations
 
@@ -35,7 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import VSAConfig
-from ..kernels.phase_kernels import compare_vectors, draw, mix64, vsa_bind_bundle, vsa_project, vsa_unbind_backproject
+from ..kernels.phase_kernels import (compare_vectors, draw, mix64, vsa_bind_bundle, vsa_project,
+                                     vsa_unbind_backproject, weighted_rows)
 from .predictors import ParamLayout
 
 TERNARY_CORRELATION = 0.89   # ~ correlation of absmean trits with a Gaussian vector
@@ -105,6 +109,11 @@ class VSAGradientCompressor:
         """Bytes held between calls (the (D,) float64 scratch; keys are 2 ints per tensor)."""
         return self._scratch.nbytes + self._scores.nbytes
 
+    @staticmethod
+    def scratch_nbytes(dimension: int) -> int:
+        """:attr:`nbytes` of a compressor of this dimension."""
+        return 8 * int(dimension) + 8 * 4
+
     @property
     def bytes_before(self) -> int:
         """float32 bytes of an uncompressed gradient (4 n)."""
@@ -119,11 +128,22 @@ class VSAGradientCompressor:
         """Bundle ``grads`` (dict name -> float32 array) into a new :class:`VSABundle`."""
         flats = self.layout.check(grads)
         vector = np.zeros(self.dimension, dtype=np.float32)
+        scales = self._bundle(flats, vector)
+        return VSABundle(vector=vector, scales=scales, size=self.layout.size)
+
+    def compress_flat(self, flat: np.ndarray, vector: np.ndarray) -> np.ndarray:
+        """vector (float32 (D,), overwritten) = the bundle of ``flat`` (float32 (n,), every parameter
+        in layout order); returns the scales s_t."""
+        off = self.layout.offsets
+        vector[:] = 0.0
+        return self._bundle([flat[off[t]:off[t + 1]] for t in range(len(self.layout.names))], vector)
+
+    def _bundle(self, flats: list, vector: np.ndarray) -> np.ndarray:
         scales = np.zeros(len(flats))
         for t, g in enumerate(flats):
             vsa_project(g, self._proj_keys[t], self.slots_per_element, self._scratch)
             scales[t] = vsa_bind_bundle(self._scratch, self._bind_keys[t], vector)
-        return VSABundle(vector=vector, scales=scales, size=self.layout.size)
+        return scales
 
     def decompress(self, bundle: VSABundle, out: dict | None = None) -> dict[str, np.ndarray]:
         """g_hat per parameter: dict name -> float32 array (new arrays, or copied into ``out``)."""
@@ -132,14 +152,19 @@ class VSAGradientCompressor:
         if bundle.vector.shape != (self.dimension,) or bundle.size != self.layout.size:
             raise ValueError(f"bundle: expected dimension {self.dimension} and size {self.layout.size}, "
                              f"got {bundle.vector.shape[0]} and {bundle.size}")
-        flat = np.empty(self.layout.size, dtype=np.float32)
-        off = self.layout.offsets
-        for t in range(len(self.layout.names)):
-            vsa_unbind_backproject(bundle.vector, self._bind_keys[t], self._proj_keys[t],
-                                   self.slots_per_element, self._scratch, flat[off[t]:off[t + 1]])
+        flat = self.decompress_flat(bundle.vector, np.empty(self.layout.size, dtype=np.float32))
         if out is not None:
             return self.layout.copy_out(flat, out)
         return self.layout.views(flat)
+
+    def decompress_flat(self, vector: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """out (float32 (n,)) = g_hat of the bundle ``vector`` (float32 (D,)), every parameter in layout
+        order; returns out."""
+        off = self.layout.offsets
+        for t in range(len(self.layout.names)):
+            vsa_unbind_backproject(vector, self._bind_keys[t], self._proj_keys[t],
+                                   self.slots_per_element, self._scratch, out[off[t]:off[t + 1]])
+        return out
 
     def measure(self, grads: dict) -> VSAReport:
         """Compress and decompress ``grads``; report the cosine of the whole flat vector."""
@@ -152,3 +177,38 @@ class VSAGradientCompressor:
         cos = dot / math.sqrt(aa * pp) if aa > 0 and pp > 0 else 0.0
         return VSAReport(cosine=float(cos), expected_cosine=expected_cosine(self.layout.size, self.dimension),
                          bytes_before=self.bytes_before, bytes_after=self.bytes_after)
+
+
+class VSAHistory:
+    """``capacity`` trend entries as bundles float32 (capacity, D) (module doc); ``compressor`` codes them."""
+
+    storage = "vsa"
+
+    def __init__(self, capacity: int, param_shapes, config: VSAConfig | None = None):
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
+            raise ValueError(f"capacity: must be an int >= 1, got {capacity!r}")
+        self.compressor = VSAGradientCompressor(param_shapes, config)
+        self.rows = np.zeros((int(capacity), self.compressor.dimension), dtype=np.float32)
+        self._combined = np.zeros(self.compressor.dimension, dtype=np.float32)
+
+    @property
+    def capacity(self) -> int:
+        return self.rows.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the bundles, the combined bundle and the compressor's scratch."""
+        return self.rows.nbytes + self._combined.nbytes + self.compressor.nbytes
+
+    def reset(self) -> None:
+        """Nothing to forget: rows are written before they are read (the hashes have no state)."""
+
+    def write(self, slot: int, flat: np.ndarray) -> None:
+        """Row ``slot`` = the bundle of ``flat`` (float32 (n,), every parameter in layout order)."""
+        flat = self.compressor.layout.check_flat(flat, "flat")
+        self.compressor.compress_flat(flat, self.rows[slot])
+
+    def weighted_sum(self, coeffs: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """out (float32 (n,)) = the decoded sum_k coeffs[k] * bundle_k (coeffs float64 (capacity,)); returns out."""
+        weighted_rows(self.rows, coeffs, self._combined)
+        return self.compressor.decompress_flat(self._combined, out)

@@ -1,5 +1,8 @@
 """Phases tab: what phase training did, for one run with ``config.phase.enabled``.
 
+The intro names the predictor, the schedule and where the trend entries are kept (``history_storage``)
+with their bytes (``memory-phase-history``: from the run's ``phase_history`` meta, once the run has started).
+
 Figures (x linked), from the run's ``train-source-<run id>`` / ``phase-source-<run id>``:
 
 - ``fig-phase-timeline``: phase bands ``phase-timeline-bands-<run id>-<PHASE>`` and the phase
@@ -34,8 +37,9 @@ class PhaseView(LiveView):
         super().__init__(hub, options, lazy, **params)
         self.figures: dict = {}
         self.intro = pn.pane.Markdown("", margin=(5, 10))
+        self.memory = pn.pane.Markdown("", margin=(0, 10), css_classes=["memory-phase-history"])
         self._plots = pn.Column(sizing_mode="stretch_width")
-        self._layout = pn.Column(self.intro, self._plots, sizing_mode="stretch_width")
+        self._layout = pn.Column(self.intro, self.memory, self._plots, sizing_mode="stretch_width")
         self.follow_run(run)
 
     def rebuild(self) -> None:
@@ -47,11 +51,13 @@ class PhaseView(LiveView):
                                  "in the sidebar, then press **Start**." if run is not None else
                                  "No run yet: enable **Phase training** in the sidebar and press **Start**.")
             self._plots.objects = []
+            self.memory.object = ""
             return
         p = run.config.phase
         self.intro.object = (f"**{run.name}** · predictor **{p.predictor}** · warmup {p.warmup_steps}, "
                              f"FULL {p.full_steps}, predict block {p.predict_steps}, CORRECT every "
                              f"{p.correct_every}" + (" · adaptive lengths" if p.adaptive_phases else "")
+                             + f" · trend history **{p.history_storage}**"
                              + "<br>*Backward passes*: the gap to the dashed diagonal (one pass per step, as "
                              "full backprop does) is what phase training saved.")
         rs = self.hub.stream(run)
@@ -90,13 +96,34 @@ class PhaseView(LiveView):
                    name=f"predict-len-{rid}")
         F.finish(lens)
 
+        self.refresh()
         self.figures = {"timeline": tl, "backward": bw, "pred": pred, "lengths": lens}
         self._plots.objects = [bokeh_pane(tl),
                                pn.GridBox(bokeh_pane(bw), bokeh_pane(pred), bokeh_pane(lens), ncols=3,
                                           sizing_mode="stretch_width")]
+
+    def refresh(self, force: bool = False) -> None:
+        """The trend history's bytes, once the run's meta has them."""
+        run = self.run
+        info = run.log.meta.get("phase_history") if run is not None and run.config.phase.enabled else None
+        text = history_text(info) if info else ""
+        if self.memory.object != text:
+            self.memory.object = text
 
     def shown_runs(self) -> list:
         return [self.run] if self.run is not None else []
 
     def _panel(self):
         return self._layout
+
+
+def history_text(info: dict) -> str:
+    """'Trend history: ternary, 20.8 kB (float32 rows would take 333 kB)' from a run's ``phase_history`` meta."""
+    text = f"Trend history: **{info['storage']}**, {_kb(info['bytes'])}"
+    if info["storage"] != "float32" and info.get("float32_bytes"):
+        text += f" (float32 rows would take {_kb(info['float32_bytes'])})"
+    return text
+
+
+def _kb(n: int) -> str:
+    return f"{n / 1000:.1f} kB" if n < 1_000_000 else f"{n / 1e6:.2f} MB"

@@ -113,6 +113,9 @@ class StoredRun(RunProgress):
         self.total_steps = planned_steps(self.status, self.steps_done, _last_finite(history.get("epoch")),
                                          self.config.optim.epochs)
         self.log.meta.update(config=public_config(record.config_dict), total_steps=self.total_steps)
+        if self.config.phase.enabled and isinstance(record.final.get("history_bytes"), (int, float)):
+            self.log.meta["phase_history"] = {"storage": self.config.phase.history_storage,
+                                              "bytes": int(record.final["history_bytes"])}
         self.started_at = _timestamp(record.started) or _timestamp(record.created)
         end = record.ended or record.heartbeat
         self.finished_at = _timestamp(end) if end is not None else self.started_at

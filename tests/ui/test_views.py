@@ -10,6 +10,7 @@ pn = pytest.importorskip("panel")
 
 import qatlab as ql  # noqa: E402
 from bokeh.models import LogScale, VStrip  # noqa: E402
+from qatlab.ui.phase_view import history_text  # noqa: E402
 from qatlab.ui import (ConfigPanel, Dashboard, PhaseView, QuantView, RunView,  # noqa: E402
                        SteCompareView, StreamHub)
 from qatlab.store import RunStore  # noqa: E402
@@ -398,6 +399,12 @@ def test_phase_view_figures_and_placeholder():
         {f.name for f in view.figures.values()}
     assert {f"pred-error-{run.id}", f"pred-gain-{run.id}"} <= names(view.figures["pred"])
     assert len(view.hub.stream(run).train.data["pred_error"]) == 25
+    assert "trend history **float32**" in view.intro.object and view.memory.object == ""   # no meta yet
+    run.log.meta["phase_history"] = {"storage": "ternary", "bytes": 20_840, "float32_bytes": 332_800}
+    view.pull()
+    assert view.memory.object == "Trend history: **ternary**, 20.8 kB (float32 rows would take 332.8 kB)"
+    assert history_text({"storage": "float32", "bytes": 2_400_000, "float32_bytes": 2_400_000}) == \
+        "Trend history: **float32**, 2.40 MB"
 
 
 def test_config_panel_refuses_invalid_config_without_traceback():
