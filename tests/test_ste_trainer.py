@@ -332,3 +332,19 @@ def test_train_step_and_train_reject_bad_samples():
         trainer.train([])
     with pytest.raises(TypeError, match="samples: expected a list"):
         trainer.train(42)
+
+
+def test_trains_its_mlp_and_starts_from_one():
+    """The latents are the Mlp's weights (views), and an Mlp [in, hidden, out] (relu, no biases) seeds a trainer."""
+    from qatlab.nn import Mlp
+    mlp = Mlp([I, H, O], activation="relu", bias=False, seed=2)
+    trainer = SteTrainer.from_mlp(mlp, QatConfig(ste="tanh", epochs=2, log_every=0))
+    assert np.array_equal(trainer.w1_latent, mlp.weights(0)) and trainer.mlp is not mlp
+    assert np.shares_memory(trainer.w1_latent, trainer.mlp.flat_params())
+    assert all(q.ste is SteKind.TANH for q in trainer.mlp.weight_quantizers)
+    trainer.train(_data(9))
+    assert np.array_equal(trainer.mlp.weights(1), trainer.w2_latent)
+    X = _data(5)[0]
+    assert np.array_equal(trainer.forward(X), trainer.mlp.forward(X, trainer.mlp.scratch(5)))
+    with pytest.raises(ValueError, match="2-layer relu Mlp without biases"):
+        SteTrainer.from_mlp(Mlp([I, H, O]))

@@ -234,3 +234,49 @@ def test_load_of_a_truncated_or_bit_flipped_file_raises_value_error(tmp_path):
         assert back.sizes == mlp.sizes and back.alphas == mlp.alphas
         assert all(np.array_equal(a, b) for a, b in zip(mlp.trits, back.trits))
     assert refused > len(damaged) // 2     # most damage is caught (CRC, headers), none escapes
+
+
+# ----------------------------------------------------------------------------- Mlp conversions
+
+def test_forward_is_the_mlp_forward_of_its_weights():
+    from qatlab.nn import Mlp
+    tm = _random_mlp((6, 9, 4, 2), seed=4)
+    mlp = Mlp(tm.sizes, activation="relu", bias=False)
+    for i in range(tm.n_layers):
+        mlp.weights(i)[:] = tm.weights(i)
+    x = np.random.default_rng(2).normal(size=(13, 6)).astype(np.float32)
+    assert np.array_equal(tm.forward(x), mlp.forward(x, mlp.scratch(13)))
+
+
+@pytest.mark.parametrize("sizes", [(5, 7, 3), (4, 2)])
+def test_to_mlp_then_from_mlp_gives_back_the_model(sizes):
+    from qatlab.quant import SteKind, TernaryQuantizer
+    tm = _random_mlp(sizes, seed=5)
+    trits = list(tm.trits)
+    trits[0] = np.zeros_like(trits[0])                 # an all-zero layer: its alpha comes back as eps
+    tm = TernaryMLP(trits, tm.alphas)
+    mlp = tm.to_mlp(ste="tanh")
+    assert mlp.sizes == tm.sizes and not mlp.bias and mlp.activation == "relu"
+    assert all(type(q) is TernaryQuantizer and q.ste is SteKind.TANH for q in mlp.weight_quantizers)
+    back = TernaryMLP.from_mlp(mlp)
+    assert all(np.array_equal(a, b) for a, b in zip(back.trits, tm.trits))
+    assert back.alphas[1:] == tm.alphas[1:] and back.alphas[0] == np.finfo(np.float32).eps
+    x = np.random.default_rng(3).normal(size=(6, sizes[0])).astype(np.float32)
+    y = mlp.forward(x, mlp.scratch(6))               # the fake-quant forward of the latents
+    assert np.array_equal(y, back.forward(x))
+
+
+def test_from_mlp_ternarizes_each_layer_by_absmean_and_checks_the_model():
+    from qatlab.nn import Mlp
+    from qatlab.quant import ternary_quantize
+    mlp = Mlp([8, 6, 3], activation="relu", bias=False, seed=3)
+    tm = TernaryMLP.from_mlp(mlp)
+    for i in range(2):
+        trits, alpha = ternary_quantize(mlp.weights(i))
+        assert np.array_equal(tm.trits[i], trits) and tm.alphas[i] == alpha
+    with pytest.raises(TypeError, match="mlp: expected an Mlp"):
+        TernaryMLP.from_mlp(tm)
+    with pytest.raises(ValueError, match="mlp: .*no biases"):
+        TernaryMLP.from_mlp(Mlp([8, 6, 3]))
+    with pytest.raises(ValueError, match="mlp: .*relu"):
+        TernaryMLP.from_mlp(Mlp([8, 6, 3], activation="tanh", bias=False))

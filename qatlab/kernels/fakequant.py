@@ -339,6 +339,16 @@ def ternary_forward(w, out):
     return alpha
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def ternary_ste_clipped(ste, g, w, inv_alpha, clip):
+    """One latent's ternary STE gradient (:func:`ternary_backward`'s, u = w * inv_alpha) with the
+    latent clip: 0 where |w| > clip (the gradient of a latent that wandered too far is dropped)."""
+    if np.abs(w) <= clip:    # written so that a NaN latent gets 0 too
+        return ste_grad(ste, g, w, inv_alpha, np.float32(0.0), np.float32(-1.0), np.float32(1.0), np.float32(0.0),
+                        inv_alpha)
+    return np.float32(0.0)
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def ternary_backward(w, g, ste, alpha, out):
     """STE of the ternary projection (s = alpha, qmax = 1, u = w/alpha); see :func:`fq_backward`.

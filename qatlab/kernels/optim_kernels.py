@@ -7,6 +7,8 @@ import math
 import numpy as np
 from numba import njit
 
+from .fakequant import ternary_ste_clipped
+
 FLT_MIN = np.float32(np.finfo(np.float32).tiny)   # smallest normal float32: state below it is flushed to 0
 
 
@@ -120,3 +122,35 @@ def fused_rows(code, consts, t, lrs, out):
     out float64 (steps, 8)."""
     for j in range(lrs.shape[0]):
         fused_row(code, consts, t + j, lrs[j], out[j])
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def sgd_ternary_ste(p, g, ste, alpha, clip, touched, lr):
+    """SGD on ternary latents p from g = dL/dQ(p), the gradient made element by element: g' = the
+    ternary STE of g at the layer's alpha with the latent clip (:func:`~qatlab.kernels.fakequant.ternary_ste_clipped`),
+    touched[i] |= g' != 0, then p = :func:`sgd_element` (p, g') at lr (no l2, no decay).
+
+    p, g float32 (n,); touched uint8 (n,); ste code 0..3; alpha, clip, lr rounded to float32. One
+    pass instead of three (STE, clip, update); one loop per STE kind (a constant in each), so each vectorises.
+    """
+    inv = np.float32(1.0) / np.float32(alpha)
+    c = sgd_constants(1.0, 0.0, 1.0, lr)
+    clip32 = np.float32(clip)
+    if ste == 0:
+        _sgd_ternary_ste_loop(p, g, 0, inv, clip32, touched, c)
+    elif ste == 1:
+        _sgd_ternary_ste_loop(p, g, 1, inv, clip32, touched, c)
+    elif ste == 2:
+        _sgd_ternary_ste_loop(p, g, 2, inv, clip32, touched, c)
+    else:
+        _sgd_ternary_ste_loop(p, g, 3, inv, clip32, touched, c)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _sgd_ternary_ste_loop(p, g, ste, inv, clip, touched, c):
+    """:func:`sgd_ternary_ste`'s loop at inv = 1 / alpha, c = its :func:`sgd_constants`."""
+    gs, l2f, dec, lrf = c
+    for i in range(p.shape[0]):
+        gi = ternary_ste_clipped(ste, g[i], p[i], inv, clip)
+        touched[i] |= gi != np.float32(0.0)
+        p[i] = sgd_element(p[i], gi, gs, l2f, dec, lrf)

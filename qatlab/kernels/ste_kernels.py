@@ -1,162 +1,95 @@
-r"""Numba kernels of the 2-layer ternary STE trainer (:class:`qatlab.train.ste_trainer.SteTrainer`).
+r"""SteTrainer's step and epoch (:class:`qatlab.train.ste_trainer.SteTrainer`), made of the main kernels.
 
-Network (no biases), ``x`` (B, I), latents ``W1`` (H, I), ``W2`` (O, H)::
+The network is an :class:`~qatlab.nn.Mlp` ``[I, H, O]``: relu, no biases, both layers absmean
+ternary; its buffers arrive as the fused kernels' :class:`~qatlab.kernels.state.Net` and
+:class:`~qatlab.kernels.state.Activations`. A step is what :func:`qatlab.kernels.fused.train_step`
+does at stage BACKWARD for such a net with its STE codes at 0 (:func:`~qatlab.kernels.fakequant.ternary_forward`,
+``np.dot``, :func:`~qatlab.kernels.dense.bias_act_inplace`, :func:`~qatlab.kernels.dense.mse`,
+:func:`~qatlab.kernels.dense.act_backward_inplace`: the same kernels in the same order, so the same
+numbers), then per layer :func:`~qatlab.kernels.optim_kernels.sgd_ternary_ste`: the ternary STE with
+the latent clip, the record of which latents got a gradient, and plain SGD, in one pass.
 
-    Q(W)  = alpha * clamp(rint(W * float32(1/alpha)), -1, 1),  alpha = max(float32(mean|W|), eps)
-    h     = relu(x @ Q(W1).T)                     (B, H)
-    y     = h @ Q(W2).T                           (B, O)
-    L     = mean((y - t)^2)                       over B*O, accumulated in float64
-    dy    = 2 (y - t) / (B*O)                     (B, O)
-    dQ2   = dy.T @ h                              (O, H)
-    dh    = (dy @ Q(W2)) * [h > 0]                (B, H)
-    dQ1   = dh.T @ x                              (H, I)
-    dW    = ste(dQ, W) * [|W| <= clip]           (the ternary STE, u = W / alpha)
-    W    -= lr * dW
-
-``Q`` and the STE are the main engine's kernels (:func:`~qatlab.kernels.fakequant.ternary_forward`,
-:func:`~qatlab.kernels.fakequant.ste_grad` with s = alpha, range [-1, 1]); what is SteTrainer's own
-here is the step around them: no biases, the MSE over B*O, plain SGD, the latent clip and the record
-of which latents got a gradient.
-
-Everything is float32 except the loss and the absmean (float64 accumulators). Dense
-products call ``np.dot(a, b, out)`` (Numba's BLAS binding); nothing allocates. A step whose
-loss is not finite returns before the update, so the latents keep their last finite values.
+Why these few lines are not a call of the main fused step and run: its loop over the layers' tuples
+is a sizeable share of a step at small sizes (the tests' 6-9-4, batch 4), written out here for two;
+its runs (:func:`~qatlab.kernels.fused.train_steps`) update through an optimizer's state and take
+batches of one size, where SteTrainer's update needs the clip and the touched record and its epochs
+end on a short batch. A step whose loss is not finite returns before the update, so the latents
+keep their last finite values.
 """
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
-from .fakequant import all_finite, ste_grad, ternary_forward
-
-_ZERO = np.float32(0.0)
-_ONE = np.float32(1.0)
-
-
-class SteScratch(NamedTuple):
-    """A step's buffers (float32 unless said): passed to the kernels as a plain tuple, named on entry."""
-
-    wq1: np.ndarray         # Q(W1) (H, I)
-    wq2: np.ndarray         # Q(W2) (O, H)
-    h: np.ndarray           # hidden activations (B, H)
-    y: np.ndarray           # outputs (B, O)
-    dy: np.ndarray          # dL/dy (B, O)
-    dh: np.ndarray          # dL/dh (B, H)
-    dq1: np.ndarray         # dL/dQ(W1) (H, I)
-    dq2: np.ndarray         # dL/dQ(W2) (O, H)
-    touched1: np.ndarray    # uint8 like W1: 1 where a step's gradient was non-zero
-    touched2: np.ndarray    # uint8 like W2
+from .dense import act_backward_inplace, bias_act_inplace, mse
+from .fakequant import all_finite, ternary_forward
+from .optim_kernels import sgd_ternary_ste
+from .state import Activations, Net
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def dense(x, wq, relu, out):
-    """out = x @ wq.T, then relu in place if ``relu``; x (B, I), wq (O, I), out (B, O).
+def train_step(x, t, net, acts, ste, lr, clip, touched):
+    """One SGD step on the batch x (B, I), t (B, O); returns its MSE loss (float64), or -1.0
+    without doing anything when x or t holds a NaN or inf.
 
-    relu keeps NaN (``v < 0 -> 0``) so a diverging network stays visibly non-finite.
+    net: the :class:`~qatlab.kernels.state.Net` tuple of the 2-layer Mlp (stes all 0), acts its
+    :class:`~qatlab.kernels.state.Activations` tuple at B rows; ste code 0..3, lr and clip float32;
+    touched uint8 (num_params,), laid out like net.p: set to 1 where a latent's gradient was non-zero.
     """
-    np.dot(x, wq.T, out)
-    if relu:
-        for b in range(out.shape[0]):
-            for j in range(out.shape[1]):
-                v = out[b, j]
-                out[b, j] = _ZERO if v < _ZERO else v
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def ste_sgd(w, dq, ste, alpha, lr, clip, touched):
-    """w -= lr * dW with dW = ste(dq, w) * [|w| <= clip] (the ternary STE at alpha); touched[i] |= (dW != 0).
-
-    w, dq float32 (n,); touched uint8 (n,); ste code 0..3; alpha, lr, clip float32. One loop per STE
-    kind (the kind a constant in each), so each vectorises.
-    """
-    inv = _ONE / alpha
-    if ste == 0:
-        _sgd_loop(w, dq, 0, inv, lr, clip, touched)
-    elif ste == 1:
-        _sgd_loop(w, dq, 1, inv, lr, clip, touched)
-    elif ste == 2:
-        _sgd_loop(w, dq, 2, inv, lr, clip, touched)
-    else:
-        _sgd_loop(w, dq, 3, inv, lr, clip, touched)
-
-
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _sgd_loop(w, dq, ste, inv, lr, clip, touched):
-    """:func:`ste_sgd`'s loop at inv = 1 / alpha."""
-    for i in range(w.shape[0]):
-        wi = w[i]
-        g = ste_grad(ste, dq[i], wi, inv, _ZERO, -_ONE, _ONE, _ZERO, inv) if np.abs(wi) <= clip else _ZERO
-        touched[i] |= g != _ZERO
-        w[i] = wi - lr * g
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def train_step(x, t, w1, w2, ste, lr, clip, scratch):
-    """One SGD step on the batch (x, t); returns the MSE loss (float64). See the module doc.
-
-    x (B, I), t (B, O); latents w1 (H, I), w2 (O, H) are updated in place; scratch a
-    :class:`SteScratch` tuple with B rows of h, y, dy, dh. Returns -1.0 without doing anything if x
-    or t holds a NaN or inf.
-    """
-    return _step(x, t, w1, w2, ste, lr, clip, SteScratch(*scratch))
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _step(x, t, w1, w2, ste, lr, clip, s):
-    """:func:`train_step` with the scratch named."""
     if not (all_finite(x.reshape(x.size)) and all_finite(t.reshape(t.size))):
         return -1.0
-    wq1, wq2, h, y, dy, dh, dq1, dq2 = s.wq1, s.wq2, s.h, s.y, s.dy, s.dh, s.dq1, s.dq2
-    a1 = ternary_forward(w1.reshape(w1.size), wq1.reshape(wq1.size))
-    a2 = ternary_forward(w2.reshape(w2.size), wq2.reshape(wq2.size))
-    if not (np.isfinite(a1) and np.isfinite(a2)):   # a latent left float32: the loss says so
+    return _step(x, t, net, acts, ste, lr, clip, touched)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _step(x, t, net, acts, ste, lr, clip, touched):
+    """:func:`train_step` without the input check: fused.train_step's kernels, in its order, for 2 layers."""
+    n, a = Net(*net), Activations(*acts)
+    w1, w2, q1, q2 = n.ws[0], n.ws[1], n.wqs[0], n.wqs[1]
+    h, y, dh, dy = a.hs[0], a.hs[1], a.ds[0], a.ds[1]
+    a1 = ternary_forward(w1.reshape(w1.size), q1.reshape(q1.size))
+    a2 = ternary_forward(w2.reshape(w2.size), q2.reshape(q2.size))
+    if not (np.isfinite(a1) and np.isfinite(a2)):    # a latent left float32: the loss says so
         return np.nan
-    dense(x, wq1, True, h)
-    dense(h, wq2, False, y)
-    B, O = y.shape
-    scale = np.float32(2.0 / (B * O))
-    acc = 0.0
-    for b in range(B):
-        for o in range(O):
-            d = y[b, o] - t[b, o]
-            acc += np.float64(d) * np.float64(d)
-            dy[b, o] = d * scale
-    loss = acc / (B * O)
+    n.alphas[0], n.alphas[1] = a1, a2
+    np.dot(x, q1.T, h)
+    bias_act_inplace(h, n.bs[0], n.act)               # the biases are 0; the output layer is linear
+    np.dot(h, q2.T, y)
+    loss = mse(y, t, dy)
     if not np.isfinite(loss):
         return loss
-    np.dot(dy.T, h, dq2)
-    np.dot(dy, wq2, dh)
-    for b in range(B):
-        for j in range(dh.shape[1]):
-            dh[b, j] = dh[b, j] if h[b, j] > _ZERO else _ZERO
-    np.dot(dh.T, x, dq1)
-    ste_sgd(w1.reshape(w1.size), dq1.reshape(dq1.size), ste, a1, lr, clip, s.touched1.reshape(s.touched1.size))
-    ste_sgd(w2.reshape(w2.size), dq2.reshape(dq2.size), ste, a2, lr, clip, s.touched2.reshape(s.touched2.size))
+    np.dot(dy.T, h, n.dws[1])
+    np.dot(dy, q2, dh)
+    act_backward_inplace(dh, h, n.act, n.dbs[0])
+    np.dot(dh.T, x, n.dws[0])
+    k1 = w1.size                                      # no biases: p and g are W1 then W2, flat
+    k2 = k1 + w2.size
+    sgd_ternary_ste(n.p[:k1], n.g[:k1], ste, a1, clip, touched[:k1], lr)
+    sgd_ternary_ste(n.p[k1:k2], n.g[k1:k2], ste, a2, clip, touched[k1:k2], lr)
     return loss
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def train_epoch(X, T, perm, batch_size, w1, w2, ste, lr, clip, xb, tb, scratch):
-    """One epoch of :func:`train_step` over rows ``perm`` of X (n, I), T (n, O) in batches.
+def train_epoch(X, T, perm, batch_size, net, acts, last_acts, xb, tb, ste, lr, clip, touched):
+    """One epoch of :func:`train_step` over rows ``perm`` (int64 (n,)) of X (n, I), T (n, O).
 
-    xb (>= batch_size, I), tb (>= batch_size, O) receive each gathered batch; the last batch
-    may be short. Returns (sample-weighted mean loss, steps run); a non-finite step loss
-    stops the epoch and is returned as the loss.
+    Batches of ``batch_size`` rows are gathered into xb, tb (>= batch_size rows); acts are the
+    Activations at batch_size rows, last_acts at n % batch_size rows (the short last batch; acts
+    when there is none). Returns (sample-weighted mean loss, steps run); a non-finite step loss
+    stops the epoch and is returned as the loss. X and T must be finite (not checked here).
     """
-    s = SteScratch(*scratch)
     n = perm.shape[0]
     total = 0.0
     steps = 0
     for start in range(0, n, batch_size):
         m = min(batch_size, n - start)
-        for r in range(m):
+        for r in range(m):            # element loops: no array views made per row
             src = perm[start + r]
-            xb[r, :] = X[src, :]
-            tb[r, :] = T[src, :]
-        rows = SteScratch(s.wq1, s.wq2, s.h[:m], s.y[:m], s.dy[:m], s.dh[:m], s.dq1, s.dq2, s.touched1, s.touched2)
-        loss = _step(xb[:m], tb[:m], w1, w2, ste, lr, clip, rows)
+            for j in range(X.shape[1]):
+                xb[r, j] = X[src, j]
+            for j in range(T.shape[1]):
+                tb[r, j] = T[src, j]
+        loss = _step(xb[:m], tb[:m], net, acts if m == batch_size else last_acts, ste, lr, clip, touched)
         steps += 1
         if not np.isfinite(loss):
             return loss, steps

@@ -6,9 +6,10 @@ layer is linear::
 
     a_0 = x;   a_{i+1} = relu(a_i @ W_i.T)  (hidden);   y = a_{L-1} @ W_{L-1}.T
 
-This is the network :class:`qatlab.train.ste_trainer.SteTrainer` trains; both run the same kernel
-(:func:`qatlab.kernels.ste_kernels.dense`), so ``trainer.finalize().forward(x)`` equals the
-trainer's fake-quant forward bit for bit.
+It runs as an :class:`~qatlab.nn.Mlp` (relu, no biases) whose weights are ``alpha_i * T_i``, and
+converts from and to one (:meth:`TernaryMLP.from_mlp`, :meth:`TernaryMLP.to_mlp`). This is the network
+:class:`qatlab.train.ste_trainer.SteTrainer` trains; both forwards are ``Mlp.forward`` on the same
+weights, so ``trainer.finalize().forward(x)`` equals the trainer's fake-quant forward bit for bit.
 
 File format (``save``/``load``, a plain uncompressed ``.npz``, no pickles)::
 
@@ -29,7 +30,8 @@ import zlib
 
 import numpy as np
 
-from ..kernels import ste_kernels as K
+from ..quant import TernaryQuantizer, ternary_quantize
+from .mlp import Mlp
 
 FORMAT = "qatlab.TernaryMLP"
 VERSION = 1
@@ -51,7 +53,7 @@ class TernaryMLP:
             raise ValueError("trits: need at least one layer")
         if len(alphas) != len(trits):
             raise ValueError(f"alphas: expected {len(trits)} values (one per layer), got {len(alphas)}")
-        self._trits, self._alpha32, self._wq = [], [], []
+        self._trits, self._alpha32 = [], []
         for i, (t, a) in enumerate(zip(trits, alphas)):
             t = np.asarray(t)
             if t.dtype.kind not in "iu":
@@ -69,7 +71,35 @@ class TernaryMLP:
             t8.flags.writeable = False
             self._trits.append(t8)
             self._alpha32.append(a32)
-            self._wq.append(t8.astype(np.float32) * a32)
+        self._mlp = Mlp(self.sizes, activation="relu", bias=False)   # the dequantized weights alpha_i * T_i
+        for i, (t8, a32) in enumerate(zip(self._trits, self._alpha32)):
+            np.multiply(t8, a32, out=self._mlp.weights(i), dtype=np.float32)
+
+    # ------------------------------------------------------------------ Mlp conversions
+
+    @classmethod
+    def from_mlp(cls, mlp: Mlp) -> "TernaryMLP":
+        """Ternarize an :class:`~qatlab.nn.Mlp` without biases (relu between layers): each layer's latent
+        weights -> trits and alpha by the absmean projection (:func:`~qatlab.quant.ternary_quantize`, what
+        its :class:`~qatlab.quant.TernaryQuantizer` computes in the forward)."""
+        if not isinstance(mlp, Mlp):
+            raise TypeError(f"mlp: expected an Mlp, got {type(mlp).__name__}")
+        if mlp.bias or (mlp.num_layers > 1 and mlp.activation != "relu"):
+            raise ValueError(f"mlp: a TernaryMLP has relu between layers and no biases, got {mlp!r}")
+        pairs = [ternary_quantize(mlp.weights(i)) for i in range(mlp.num_layers)]
+        return cls([t for t, _ in pairs], [a for _, a in pairs])
+
+    def to_mlp(self, ste="identity") -> Mlp:
+        """An :class:`~qatlab.nn.Mlp` (relu, no biases, a :class:`~qatlab.quant.TernaryQuantizer` with
+        ``ste`` per layer) whose latents project back to exactly these trits and alphas, so
+        ``TernaryMLP.from_mlp(m.to_mlp())`` equals ``m``: latent = c * T with c chosen so that
+        ``mean|c*T| == alpha`` (plain ``alpha * T`` would shrink alpha to ``alpha * share of non-zero
+        trits``). An all-zero layer comes back with alpha = float32 eps."""
+        mlp = Mlp(self.sizes, activation="relu", bias=False,
+                  weight_quantizers=[TernaryQuantizer(ste=ste) for _ in self._trits])
+        for i, (t, a) in enumerate(zip(self._trits, self._alpha32)):
+            mlp.weights(i)[:] = _latent_from_trits(t, float(a))
+        return mlp
 
     # ------------------------------------------------------------------ shape
 
@@ -112,7 +142,7 @@ class TernaryMLP:
 
     def weights(self, i: int) -> np.ndarray:
         """Dequantized weight ``float32(T_i) * alpha_i`` of layer ``i``, (out_i, in_i) float32 (a copy)."""
-        return self._wq[self._layer(i)].copy()
+        return self._mlp.weights(self._layer(i)).copy()
 
     def _layer(self, i) -> int:
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < self.n_layers:
@@ -127,12 +157,8 @@ class TernaryMLP:
     def forward(self, x) -> np.ndarray:
         """Network output: x (in,) -> (out,), or x (B, in) -> (B, out); float32."""
         x2, single = _as_batch(x, self.in_features, "x")
-        a = x2
-        for i, wq in enumerate(self._wq):
-            out = np.empty((a.shape[0], wq.shape[0]), dtype=np.float32)
-            K.dense(a, wq, i < self.n_layers - 1, out)
-            a = out
-        return a[0] if single else a
+        y = self._mlp.forward(x2, self._mlp.scratch(x2.shape[0]))
+        return y[0] if single else y
 
     __call__ = forward
 
@@ -228,6 +254,20 @@ def unpack_trits(packed, shape, name: str = "packed") -> np.ndarray:
     if np.any(codes[n:] != 1):
         raise ValueError(f"{name}: padding after the last trit must encode 0")
     return (codes[:n].astype(np.int8) - 1).reshape(shape)
+
+
+def _latent_from_trits(trits: np.ndarray, alpha: float) -> np.ndarray:
+    """float32 c * T with mean|c*T| == alpha after absmean's float32 rounding (see to_mlp)."""
+    nnz = np.count_nonzero(trits)
+    tf = trits.astype(np.float32)
+    if nnz == 0:
+        return tf
+    c = np.float32(alpha * trits.size / nnz)
+    for cand in (c, np.nextafter(c, np.float32(np.inf)), np.nextafter(c, np.float32(0))):
+        w = tf * cand
+        if ternary_quantize(w)[1] == alpha:
+            return w
+    return tf * c
 
 
 def _as_batch(x, features: int, name: str) -> tuple[np.ndarray, bool]:

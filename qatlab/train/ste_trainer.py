@@ -1,6 +1,7 @@
 """SteTrainer: the 2-layer ternary reference trainer (latent float32 weights, STE, SGD, MSE).
 
-Network, as in :mod:`qatlab.kernels.ste_kernels` (no biases)::
+The network is an :class:`~qatlab.nn.Mlp` ``[in, hidden, out]`` with relu, no biases and a
+:class:`~qatlab.quant.TernaryQuantizer` on both layers (:attr:`SteTrainer.mlp`)::
 
     x (B, I) -> h = relu(x @ Q(W1).T) (B, H) -> y = h @ Q(W2).T (B, O),   loss = mean((y - t)^2)
 
@@ -14,7 +15,9 @@ Differences from the seed (Rust) trainer, on purpose: the hidden activation is R
 its STE is biased); the forward uses ``alpha * T`` rather than bare trits (so the output has the
 scale of the targets); weights are (out, in) like every layer in qatlab.
 
-The hot path (a whole epoch, or one step) is one Numba call on buffers allocated once.
+The hot path (a whole epoch, or one step) is one Numba call (:mod:`qatlab.kernels.ste_kernels`: the
+main engine's kernels, and its SGD kernel with the ternary STE and the latent clip) on the Mlp's
+buffers, allocated once.
 """
 from __future__ import annotations
 
@@ -27,10 +30,11 @@ import numpy as np
 
 from ..config import QatConfig
 from ..kernels import ste_kernels as K
-from ..kernels.fakequant import ternary_forward
-from ..quant import ternary_quantize
-from ..quant.ste import SteKind
+from ..kernels.state import Activations, Net
+from ..nn.mlp import Mlp
 from ..nn.ternary_mlp import TernaryMLP, _as_batch
+from ..quant import TernaryQuantizer
+from ..quant.ste import SteKind
 
 logger = logging.getLogger("qatlab.train.ste_trainer")
 
@@ -64,7 +68,8 @@ class SteTrainer:
 
     Fields: ``w1_latent`` (hidden, in) and ``w2_latent`` (out, hidden) float32 (writable
     arrays; assigning validates and copies), ``in_features``, ``hidden_size``, ``out_features``,
-    ``config`` (a :class:`QatConfig`; it is watched, so edits apply from the next step).
+    ``config`` (a :class:`QatConfig`; it is watched, so edits apply from the next step), ``mlp``
+    (the :class:`~qatlab.nn.Mlp` whose weights the latents are).
     One trainer is not meant to be stepped from two threads at once.
     """
 
@@ -73,15 +78,17 @@ class SteTrainer:
         self.hidden_size = _positive_int(hidden_size, "hidden_size")
         self.out_features = _positive_int(out_features, "out_features")
         H, I, O = self.hidden_size, self.in_features, self.out_features
-        self._w1 = _check_weight(w1, (H, I), "w1", "(hidden_size, in_features)")
-        self._w2 = _check_weight(w2, (O, H), "w2", "(out_features, hidden_size)")
-        self.config = QatConfig() if config is None else config
-        f32 = np.float32
-        self._wq1, self._dq1 = np.zeros((H, I), f32), np.zeros((H, I), f32)
-        self._wq2, self._dq2 = np.zeros((O, H), f32), np.zeros((O, H), f32)
-        self._touched1, self._touched2 = np.zeros((H, I), np.uint8), np.zeros((O, H), np.uint8)
+        w1 = _check_weight(w1, (H, I), "w1", "(hidden_size, in_features)")
+        w2 = _check_weight(w2, (O, H), "w2", "(out_features, hidden_size)")
+        self._mlp = Mlp([I, H, O], activation="relu", bias=False,
+                        weight_quantizers=[TernaryQuantizer(), TernaryQuantizer()])
+        self._w1, self._w2 = self._mlp.weights(0), self._mlp.weights(1)   # views of its flat parameters
+        np.copyto(self._w1, w1)
+        np.copyto(self._w2, w2)
+        self._touched = np.zeros(self._mlp.num_params, np.uint8)   # laid out like the flat parameters
         self._rows = 0
         self._ensure_rows(1)
+        self.config = QatConfig() if config is None else config
 
     # ------------------------------------------------------------------ construction
 
@@ -96,17 +103,29 @@ class SteTrainer:
         return cls(in_features, hidden_size, out_features, w1, w2, config)
 
     @classmethod
-    def from_mlp(cls, mlp: TernaryMLP, config: QatConfig | None = None) -> "SteTrainer":
-        """Trainer whose latents reproduce a 2-layer ``mlp``: latent = c * T with c chosen so that
-        ``mean|c*T| == alpha``; the first quantization gives back exactly T and alpha, so
-        ``from_mlp(m).finalize()`` equals ``m`` (plain ``alpha * T`` would shrink alpha to
-        ``alpha * share of non-zero trits``). An all-zero layer comes back with alpha = float32 eps."""
-        if not isinstance(mlp, TernaryMLP):
-            raise TypeError(f"mlp: expected a TernaryMLP, got {type(mlp).__name__}")
-        if mlp.n_layers != 2:
-            raise ValueError(f"mlp: SteTrainer needs a 2-layer TernaryMLP, got {mlp.n_layers} layers")
-        w1, w2 = (_latent_from_trits(t, a) for t, a in zip(mlp.trits, mlp.alphas))
-        return cls(mlp.in_features, mlp.hidden_size, mlp.out_features, w1, w2, config)
+    def from_mlp(cls, mlp: TernaryMLP | Mlp, config: QatConfig | None = None) -> "SteTrainer":
+        """Trainer whose latents reproduce a 2-layer ``mlp``.
+
+        A :class:`TernaryMLP`: its :meth:`~TernaryMLP.to_mlp` latents, c * T with c chosen so that
+        the first quantization gives back exactly T and alpha, so ``from_mlp(m).finalize()`` equals
+        ``m``. An :class:`~qatlab.nn.Mlp` ``[in, hidden, out]`` (relu, no biases): its latent weights, copied.
+        """
+        if isinstance(mlp, TernaryMLP):
+            if mlp.n_layers != 2:
+                raise ValueError(f"mlp: SteTrainer needs a 2-layer TernaryMLP, got {mlp.n_layers} layers")
+            mlp = mlp.to_mlp()
+        elif isinstance(mlp, Mlp):
+            if mlp.num_layers != 2 or mlp.bias or mlp.activation != "relu":
+                raise ValueError(f"mlp: SteTrainer needs a 2-layer relu Mlp without biases, got {mlp!r}")
+        else:
+            raise TypeError(f"mlp: expected a TernaryMLP or an Mlp, got {type(mlp).__name__}")
+        I, H, O = mlp.sizes
+        return cls(I, H, O, mlp.weights(0), mlp.weights(1), config)
+
+    @property
+    def mlp(self) -> Mlp:
+        """The network trained: its weights are the latents (:attr:`w1_latent`, :attr:`w2_latent`)."""
+        return self._mlp
 
     @property
     def w1_latent(self) -> np.ndarray:
@@ -133,15 +152,27 @@ class SteTrainer:
     # ------------------------------------------------------------------ training
 
     def _ensure_rows(self, rows: int) -> None:
-        """Grow the per-batch buffers (rows, .) if needed; they are reused across steps."""
+        """Grow the per-batch buffers (the Mlp's scratch and gradients, rows >= the batch) if needed;
+        they are reused across steps, and the kernels' Net tuple names them."""
         if rows <= self._rows:
             return
-        f32 = np.float32
+        mlp, f32 = self._mlp, np.float32
+        scratch, grads = mlp.scratch(rows), mlp.gradients(rows)
+        # stes 0: a fused.train_step on this Net leaves dL/dQ(W) as is; the STE comes with the clip in the update
+        self._net = tuple(Net(mlp._act, np.ones(2, np.int64), np.zeros(2, np.int64), np.zeros(2, f32),
+                              (self._w1, self._w2), tuple(mlp._b), tuple(scratch._wq), tuple(grads._dw),
+                              tuple(grads._db), mlp.flat_params(), grads.flat()))
+        self._scratch, self._grads, self._acts = scratch, grads, {}
         self._xb = np.zeros((rows, self.in_features), f32)
         self._tb = np.zeros((rows, self.out_features), f32)
-        self._h, self._dh = np.zeros((rows, self.hidden_size), f32), np.zeros((rows, self.hidden_size), f32)
-        self._y, self._dy = np.zeros((rows, self.out_features), f32), np.zeros((rows, self.out_features), f32)
         self._rows = rows
+
+    def _acts_at(self, B: int) -> tuple:
+        """The Activations tuple at B <= self._rows rows (made once per B)."""
+        acts = self._acts.get(B)
+        if acts is None:
+            acts = self._acts[B] = tuple(Activations(tuple(self._scratch._rows(B)[0]), tuple(self._grads._rows(B)[0])))
+        return acts
 
     @property
     def config(self) -> QatConfig:
@@ -160,7 +191,10 @@ class SteTrainer:
         def sync(*_events):  # Param reads cost ~us each: keep the step's scalars cached
             trainer = ref()
             if trainer is not None:
-                trainer._hyper = (SteKind(config.ste).code, np.float32(config.lr), np.float32(config.clip_threshold))
+                ste = SteKind(config.ste)
+                for q in trainer._mlp.weight_quantizers:   # the Mlp's own backward would use it
+                    q.ste = ste
+                trainer._hyper = (ste.code, np.float32(config.lr), np.float32(config.clip_threshold))
 
         self._config = config
         watcher = config.param.watch(sync, ["ste", "lr", "clip_threshold"])
@@ -180,9 +214,7 @@ class SteTrainer:
         B = x2.shape[0]
         self._ensure_rows(B)
         ste, lr, clip = self._hyper
-        scratch = K.SteScratch(self._wq1, self._wq2, self._h[:B], self._y[:B], self._dy[:B], self._dh[:B],
-                               self._dq1, self._dq2, self._touched1, self._touched2)
-        loss = K.train_step(x2, t2, self._w1, self._w2, ste, lr, clip, tuple(scratch))
+        loss = K.train_step(x2, t2, self._net, self._acts_at(B), ste, lr, clip, self._touched)
         if loss < 0:  # the kernel found a non-finite input and did nothing
             _check_finite(x2, "x")
             _check_finite(t2, "t")
@@ -200,19 +232,19 @@ class SteTrainer:
         X, T = self._dataset(samples)
         cfg = self.config
         ste, lr, clip = self._hyper
-        batch, epochs, log_every = int(cfg.batch_size), int(cfg.epochs), int(cfg.log_every)
-        self._ensure_rows(min(batch, X.shape[0]))
+        n = X.shape[0]
+        batch, epochs, log_every = min(int(cfg.batch_size), n), int(cfg.epochs), int(cfg.log_every)
+        self._ensure_rows(batch)
+        acts = self._acts_at(batch)
+        last_acts = self._acts_at(n % batch) if n % batch else acts
         rng = np.random.default_rng(cfg.seed)
         history = np.empty(epochs, dtype=np.float64)
         diverged, message, run = False, "", 0
         for epoch in range(epochs):
-            perm = rng.permutation(X.shape[0])
-            self._touched1.fill(0)
-            self._touched2.fill(0)
-            scratch = K.SteScratch(self._wq1, self._wq2, self._h, self._y, self._dy, self._dh, self._dq1, self._dq2,
-                                   self._touched1, self._touched2)
-            loss, steps = K.train_epoch(X, T, perm, batch, self._w1, self._w2, ste, lr, clip, self._xb, self._tb,
-                                        tuple(scratch))
+            perm = rng.permutation(n)
+            self._touched.fill(0)
+            loss, steps = K.train_epoch(X, T, perm, batch, self._net, acts, last_acts, self._xb, self._tb,
+                                        ste, lr, clip, self._touched)
             history[epoch], run = loss, epoch + 1
             if not math.isfinite(loss):
                 diverged = True
@@ -221,9 +253,8 @@ class SteTrainer:
                 break
             if log_every and run % log_every == 0:
                 logger.info("epoch %d/%d  loss %.6g", run, epochs, loss)
-        touched = np.count_nonzero(self._touched1) + np.count_nonzero(self._touched2)
         return QatResult(final_loss=float(history[run - 1]), epochs_run=run,
-                         active_gradient_fraction=touched / (self._w1.size + self._w2.size),
+                         active_gradient_fraction=np.count_nonzero(self._touched) / self._touched.size,
                          loss_history=history[:run].copy(), diverged=diverged, message=message)
 
     def _dataset(self, samples) -> tuple[np.ndarray, np.ndarray]:
@@ -262,21 +293,15 @@ class SteTrainer:
     # ------------------------------------------------------------------ inference / export
 
     def forward(self, x) -> np.ndarray:
-        """Fake-quant forward of the current latents: x (in,) -> (out,), x (B, in) -> (B, out), float32."""
+        """Fake-quant forward of the current latents (:meth:`Mlp.forward <qatlab.nn.Mlp.forward>`):
+        x (in,) -> (out,), x (B, in) -> (B, out), float32."""
         x2, single = _as_batch(x, self.in_features, "x")
-        wq1, wq2 = np.empty_like(self._w1), np.empty_like(self._w2)
-        ternary_forward(self._w1.reshape(-1), wq1.reshape(-1))
-        ternary_forward(self._w2.reshape(-1), wq2.reshape(-1))
-        h = np.empty((x2.shape[0], self.hidden_size), np.float32)
-        y = np.empty((x2.shape[0], self.out_features), np.float32)
-        K.dense(x2, wq1, True, h)
-        K.dense(h, wq2, False, y)
+        y = self._mlp.forward(x2, self._mlp.scratch(x2.shape[0]))
         return y[0] if single else y
 
     def finalize(self) -> TernaryMLP:
         """Ternarize the latents (absmean, per layer) -> :class:`TernaryMLP`; its forward equals :meth:`forward`."""
-        (t1, a1), (t2, a2) = ternary_quantize(self._w1), ternary_quantize(self._w2)
-        return TernaryMLP([t1, t2], [a1, a2])
+        return TernaryMLP.from_mlp(self._mlp)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -302,17 +327,3 @@ def _check_weight(w, shape, name: str, meaning: str) -> np.ndarray:
 def _check_finite(a: np.ndarray, name: str) -> None:
     if not np.isfinite(a).all():
         raise ValueError(f"{name}: contains NaN or inf")
-
-
-def _latent_from_trits(trits: np.ndarray, alpha: float) -> np.ndarray:
-    """float32 c * T with mean|c*T| == alpha after absmean's float32 rounding (see from_mlp)."""
-    nnz = np.count_nonzero(trits)
-    tf = trits.astype(np.float32)
-    if nnz == 0:
-        return tf
-    c = np.float32(alpha * trits.size / nnz)
-    for cand in (c, np.nextafter(c, np.float32(np.inf)), np.nextafter(c, np.float32(0))):
-        w = tf * cand
-        if ternary_quantize(w)[1] == alpha:
-            return w
-    return tf * c
