@@ -31,12 +31,12 @@ import numpy as np
 
 from .runtime import parallel
 from .kernels.dense import scale_inplace, sum_squares
-from .kernels.optim_kernels import _adam_kernel, _momentum_kernel, _sgd_kernel, fused_row, fused_rows
+from .kernels.optim_kernels import adam_kernel, momentum_kernel, sgd_kernel, fused_row, fused_rows
 
 SCHEDULES = ("constant", "step", "cosine")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 _NO_STATE = np.zeros(0, np.float32)
-_KERNEL_CODES = {_sgd_kernel: 0, _momentum_kernel: 1, _adam_kernel: 2}   # see Optimizer.fused_kernel
+_KERNEL_CODES = {sgd_kernel: 0, momentum_kernel: 1, adam_kernel: 2}   # see Optimizer.fused_kernel
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -307,7 +307,7 @@ class SGD(Optimizer):
         super().__init__(params, lr, weight_decay, max_grad_norm, decoupled_weight_decay)
 
     def _kernel(self):
-        return _momentum_kernel if self.momentum > 0 else _sgd_kernel
+        return momentum_kernel if self.momentum > 0 else sgd_kernel
 
     def _scalars(self, t, lr):
         return (lr, self.momentum) if self.momentum > 0 else (lr,)
@@ -338,7 +338,7 @@ class Adam(Optimizer):
         super().__init__(params, lr, weight_decay, max_grad_norm, decoupled_weight_decay)
 
     def _kernel(self):
-        return _adam_kernel
+        return adam_kernel
 
     def _scalars(self, t, lr):
         b1, b2 = self.betas

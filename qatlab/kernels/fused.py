@@ -28,7 +28,7 @@ from numba import njit
 from .dense import (IDENTITY, act_backward_inplace, bias_act_inplace, count_correct, mse, softmax_cross_entropy,
                     sum_squares, two_sign_counts)
 from .fakequant import fq_noise_saturation, ternary_backward, ternary_forward
-from .optim_kernels import (_adam_kernel, _momentum_kernel, _sgd_kernel, adam_constants, adam_element, fused_row,
+from .optim_kernels import (adam_kernel, momentum_kernel, sgd_kernel, adam_constants, adam_element, fused_row,
                             momentum_constants, momentum_element, sgd_constants, sgd_element)
 from .clock import monotonic_ns
 from .phase_kernels import (anchor_trend, clamp01, compare_vectors, copy_sum_squares, fold_correction, norms3,
@@ -118,11 +118,11 @@ def _update(opt, p, g, sc, gscale):
         if norm > sc[0]:
             gscale = gscale * sc[0] / (norm + 1e-6)
     if opt.kind == 0:
-        _sgd_kernel(p, g, gscale, sc[1], sc[2], sc[3])
+        sgd_kernel(p, g, gscale, sc[1], sc[2], sc[3])
     elif opt.kind == 1:
-        _momentum_kernel(p, g, opt.state0, gscale, sc[1], sc[2], sc[3], sc[4])
+        momentum_kernel(p, g, opt.state0, gscale, sc[1], sc[2], sc[3], sc[4])
     else:
-        _adam_kernel(p, g, opt.state0, opt.state1, gscale, sc[1], sc[2], sc[3], sc[4], sc[5], sc[6], sc[7])
+        adam_kernel(p, g, opt.state0, opt.state1, gscale, sc[1], sc[2], sc[3], sc[4], sc[5], sc[6], sc[7])
     return norm
 
 

@@ -24,7 +24,7 @@ def sgd_constants(gscale, l2, decay, lr):
 
 @njit(inline="always")
 def sgd_element(p, g, gs, l2f, dec, lrf):
-    """One element of :func:`_sgd_kernel`: the new p."""
+    """One element of :func:`sgd_kernel`: the new p."""
     gi = g * gs + l2f * p
     return p * dec - lrf * gi
 
@@ -37,7 +37,7 @@ def momentum_constants(gscale, l2, decay, lr, mu):
 
 @njit(inline="always")
 def momentum_element(p, g, b, gs, l2f, dec, lrf, muf):
-    """One element of :func:`_momentum_kernel`: the new (p, buf)."""
+    """One element of :func:`momentum_kernel`: the new (p, buf)."""
     gi = g * gs + l2f * p
     b = muf * b + gi
     if abs(b) < FLT_MIN:
@@ -54,7 +54,7 @@ def adam_constants(gscale, l2, decay, b1, b2, step_size, bc2_sqrt, eps):
 
 @njit(inline="always")
 def adam_element(p, g, m, v, gs, l2f, dec, c1, b2f, c2, st, inv_bc, ep):
-    """One element of :func:`_adam_kernel`: the new (p, m, v)."""
+    """One element of :func:`adam_kernel`: the new (p, m, v)."""
     gi = g * gs + l2f * p
     mi = m + c1 * (gi - m)
     vi = b2f * v + c2 * gi * gi
@@ -66,7 +66,7 @@ def adam_element(p, g, m, v, gs, l2f, dec, c1, b2f, c2, st, inv_bc, ep):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _sgd_kernel(p, g, gscale, l2, decay, lr):
+def sgd_kernel(p, g, gscale, l2, decay, lr):
     """p = p * decay - lr * (g * gscale + l2 * p)."""
     gs, l2f, dec, lrf = sgd_constants(gscale, l2, decay, lr)
     for i in range(p.shape[0]):
@@ -74,7 +74,7 @@ def _sgd_kernel(p, g, gscale, l2, decay, lr):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _momentum_kernel(p, g, buf, gscale, l2, decay, lr, mu):
+def momentum_kernel(p, g, buf, gscale, l2, decay, lr, mu):
     """buf = mu * buf + (g * gscale + l2 * p) (flushed to 0 below FLT_MIN);  p = p * decay - lr * buf."""
     gs, l2f, dec, lrf, muf = momentum_constants(gscale, l2, decay, lr, mu)
     for i in range(p.shape[0]):
@@ -82,7 +82,7 @@ def _momentum_kernel(p, g, buf, gscale, l2, decay, lr, mu):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _adam_kernel(p, g, m, v, gscale, l2, decay, b1, b2, step_size, bc2_sqrt, eps):
+def adam_kernel(p, g, m, v, gscale, l2, decay, b1, b2, step_size, bc2_sqrt, eps):
     """Adam with bias correction and m, v flushed to 0 below FLT_MIN (see module doc); decay = 1 - lr wd
     (decoupled) or l2 = wd.
     sqrt(v) / sqrt(1 - b2^t) is computed as a multiply by the inverse (saves a division,

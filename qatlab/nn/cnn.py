@@ -27,7 +27,7 @@ from ..kernels.conv import cols_to_nchw, maxpool_backward, maxpool_forward
 from ..kernels.dense import ACT_CODES, IDENTITY, RELU, act_backward_inplace, bias_act_inplace
 from .layers import (ConvGeom, by_chunks, by_images, conv_backward_chunk, conv_forward_chunk, grad_parts,
                      he_normal, pair, pool_size, sum_parts)
-from .mlp import Gradients, QuantizedLayers, _check_choice, _layer, _readonly, _views
+from .mlp import Gradients, QuantizedLayers, check_choice, flat_views, layer_index, readonly
 
 
 def check_image_shape(image_shape) -> tuple[int, int, int]:
@@ -87,7 +87,7 @@ class Cnn(QuantizedLayers):
         self.conv_channels = tuple(int(c) for c in conv_channels)
         self.kernel_size = self._plan[0][0].kh, self._plan[0][0].kw
         self.pool = self._plan[0][1]
-        self.activation = _check_choice("activation", activation, tuple(ACT_CODES))
+        self.activation = check_choice("activation", activation, tuple(ACT_CODES))
         self._act = ACT_CODES[self.activation]
         for name, v, lo in (("n_outputs", n_outputs, 1), ("seed", seed, 0)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
@@ -108,7 +108,7 @@ class Cnn(QuantizedLayers):
             self._entries += [(f"w{i}", (o, n_in), off), (f"b{i}", (o,), off + o * n_in)]
             off += o * n_in + o
         self._flat = np.zeros(off, np.float32)
-        views = _views(self._flat, self._entries)
+        views = flat_views(self._flat, self._entries)
         self._w, self._b = views[::2], views[1::2]
         rng = np.random.default_rng(int(seed))
         for w in self._w:
@@ -121,11 +121,11 @@ class Cnn(QuantizedLayers):
 
     def conv_weight(self, i: int) -> np.ndarray:
         """Conv layer i's kernel as a writable (Cout, C, kh, kw) view of the same memory."""
-        g = self._plan[_layer(i, self.n_conv)][0]
+        g = self._plan[layer_index(i, self.n_conv)][0]
         return self._w[i].reshape(g.c_out, g.c_in, g.kh, g.kw)
 
     def biases(self, i: int) -> np.ndarray:
-        return self._b[_layer(i, self.num_layers)]
+        return self._b[layer_index(i, self.num_layers)]
 
     def layer_specs(self) -> list[dict]:
         """One dict per layer for summaries and exports: kind ("conv" | "dense"), weight_shape
@@ -153,7 +153,7 @@ class Cnn(QuantizedLayers):
         return CnnGradients(self, batch_size)
 
     # -- forward / backward --------------------------------------------------------------------
-    def _input(self, x, scratch) -> np.ndarray:
+    def checked_input(self, x, scratch) -> np.ndarray:
         if not isinstance(scratch, CnnScratch) or scratch._model is not self:
             raise TypeError(f"scratch: expected a CnnScratch from this model's scratch(batch_size), got {scratch!r}")
         if type(x) is not np.ndarray or x.dtype != np.float32 or not x.flags.c_contiguous:
@@ -170,7 +170,7 @@ class Cnn(QuantizedLayers):
         """Logits (B, K), a view into ``scratch`` valid until its next forward; x (B, C*H*W) or
         (B, C, H, W), B <= scratch.batch_size."""
         x_in = x
-        x = self._input(x, scratch)
+        x = self.checked_input(x, scratch)
         B = x.shape[0]
         s = scratch._at(B)
         a = x.reshape(B, *self.image_shape)
@@ -289,7 +289,7 @@ class Cnn(QuantizedLayers):
         if scratch._spent:
             raise ValueError("scratch: backward already ran for the last forward (it reuses the forward's "
                              "im2col buffers); run forward(x, scratch) again")
-        if x is not scratch._x_in and self._input(x, scratch).shape[0] != B:
+        if x is not scratch._x_in and self.checked_input(x, scratch).shape[0] != B:
             raise ValueError(f"x: backward got {np.shape(x)[0]} rows but the last forward had {B}")
         if grads._cap < B:
             raise ValueError(f"grads: d_output has {grads._cap} rows, the batch has {B}; "
@@ -414,13 +414,13 @@ class CnnScratch:
 
     def weights_used(self, i: int) -> np.ndarray:
         """The (out, in) weights layer i used in the last forward: the quantized copy or the latent."""
-        return self._w_used[_layer(i, len(self._w_used))]
+        return self._w_used[layer_index(i, len(self._w_used))]
 
     def conv_output(self, l: int) -> np.ndarray:
         """Conv layer l's activation output (batch, Cout, OH, OW) (before its quantizer and pool).
         A fused pool does not write it: it is then made here from the product the forward kept
         (ValueError after the backward, which reuses that buffer)."""
-        l = _layer(l, len(self._act))
+        l = layer_index(l, len(self._act))
         r = self._at(self.batch)
         if self._fused[l]:
             if self._spent or self._conv_rows < self.batch:
@@ -441,10 +441,10 @@ class CnnGradients(Gradients):
         self._model = model
         self._entries = model._entries
         self._flat = np.zeros(model.num_params, np.float32)
-        views = _views(self._flat, self._entries)
+        views = flat_views(self._flat, self._entries)
         self._dw, self._db = views[::2], views[1::2]
-        self._dw_ro = [_readonly(a) for a in self._dw]
-        self._db_ro = [_readonly(a) for a in self._db]
+        self._dw_ro = [readonly(a) for a in self._dw]
+        self._db_ro = [readonly(a) for a in self._db]
         self._cap = 0
         self._input_batch = 0
         self._cache = {}

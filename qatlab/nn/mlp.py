@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import NamedTuple
 
 import numpy as np
 
@@ -62,7 +63,7 @@ def _check_sizes(sizes) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _check_choice(name: str, value, allowed) -> str:
+def check_choice(name: str, value, allowed) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{name}: expected one of {', '.join(allowed)}; got {value!r}")
     if value not in allowed:
@@ -84,7 +85,7 @@ def _check_quantizers(name: str, qs, n: int) -> list:
     return qs
 
 
-def _layer(i: int, n: int) -> int:
+def layer_index(i: int, n: int) -> int:
     if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not -n <= i < n:
         raise ValueError(f"layer: expected an int in [0, {n}), got {i!r}")
     return int(i) % n
@@ -102,11 +103,11 @@ def _layout(sizes, bias):
     return entries, off
 
 
-def _views(flat, entries):
+def flat_views(flat, entries):
     return [flat[o:o + math.prod(s)].reshape(s) for _, s, o in entries]
 
 
-def _readonly(a: np.ndarray) -> np.ndarray:
+def readonly(a: np.ndarray) -> np.ndarray:
     v = a.view()
     v.flags.writeable = False
     return v
@@ -134,7 +135,7 @@ class QuantizedLayers:
     def weights(self, i: int) -> np.ndarray:
         """Latent weights of layer i: writable float32 (out, in) view of the flat parameters
         (a conv layer's is (Cout, C*kh*kw))."""
-        return self._w[_layer(i, self.num_layers)]
+        return self._w[layer_index(i, self.num_layers)]
 
     def flat_params(self) -> np.ndarray:
         """All latent parameters, float32 (num_params,), layout ``w0, b0, w1, b1, ...``."""
@@ -142,7 +143,7 @@ class QuantizedLayers:
 
     def parameters(self) -> list[tuple[str, np.ndarray]]:
         """``[("w0", W0), ("b0", b0), ("w1", W1), ...]``: views into :meth:`flat_params`, fixed order."""
-        return [(name, v) for (name, _, _), v in zip(self._entries, _views(self._flat, self._entries))]
+        return [(name, v) for (name, _, _), v in zip(self._entries, flat_views(self._flat, self._entries))]
 
     def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """``[(name, shape)]`` in the order of :meth:`parameters`."""
@@ -168,8 +169,8 @@ class Mlp(QuantizedLayers):
     def __init__(self, sizes, activation="relu", seed=0, bias=True, init="auto",
                  weight_quantizers=None, activation_quantizers=None):
         self.sizes = _check_sizes(sizes)
-        self.activation = _check_choice("activation", activation, ACTIVATIONS)
-        init = _check_choice("init", init, INITS)
+        self.activation = check_choice("activation", activation, ACTIVATIONS)
+        init = check_choice("init", init, INITS)
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise TypeError(f"seed: expected a non-negative int, got {seed!r}")
         if seed < 0:
@@ -181,7 +182,7 @@ class Mlp(QuantizedLayers):
         self._act = ACT_CODES[self.activation]
         self._entries, n = _layout(self.sizes, self.bias)
         self._flat = np.zeros(n, np.float32)
-        views = _views(self._flat, self._entries)
+        views = flat_views(self._flat, self._entries)
         step = 2 if self.bias else 1
         self._w = views[::step]
         self._b = views[1::2] if self.bias else [np.zeros(s, np.float32) for s in self.sizes[1:]]
@@ -200,9 +201,28 @@ class Mlp(QuantizedLayers):
     # -- parameters -------------------------------------------------------------------------
     def biases(self, i: int) -> np.ndarray | None:
         """Biases of layer i: writable float32 view (out,), or None when ``bias=False``."""
-        i = _layer(i, self.num_layers)
+        i = layer_index(i, self.num_layers)
         return self._b[i] if self.bias else None
 
+
+    # -- the fused kernels' view (qatlab.kernels.state.Net and Activations) -----------------
+    def kernel_layers(self, scratch: "Scratch", grads: "Gradients") -> "KernelLayers":
+        """The per-layer arrays the fused kernels read and write (:class:`KernelLayers`)."""
+        wqs = tuple(scratch._wq[i] if q is not None else self._w[i] for i, q in enumerate(self._wq))
+        return KernelLayers(self._act, tuple(self._b), wqs, tuple(grads._dw), tuple(grads._db))
+
+    def kernel_rows(self, scratch: "Scratch", grads: "Gradients", B: int) -> tuple[tuple, tuple]:
+        """(activations, deltas) per layer at B rows, for a kernel's Activations; grads grow to B if needed."""
+        grads._grow(B)
+        return tuple(scratch._rows(B)[0]), tuple(grads._rows(B)[0])
+
+    def after_kernel_forward(self, scratch: "Scratch", grads: "Gradients", x, hs, w_used) -> None:
+        """Leave scratch and grads as :meth:`forward` on x (B, in) would, after a kernel ran it: ``hs`` the
+        activations it wrote, ``w_used`` the (out, in) weights each layer multiplied with."""
+        scratch.batch, scratch._x_in, self._last_batch = x.shape[0], x, x.shape[0]
+        scratch._w_used = list(w_used)
+        scratch._a_in = [x, *hs[:-1]]
+        grads._input_batch = 0
 
     # -- buffers ----------------------------------------------------------------------------
     def scratch(self, batch_size: int) -> "Scratch":
@@ -216,7 +236,8 @@ class Mlp(QuantizedLayers):
         return Gradients(self, batch_size)
 
     # -- forward / backward -----------------------------------------------------------------
-    def _input(self, x, scratch: "Scratch") -> np.ndarray:
+    def checked_input(self, x, scratch: "Scratch") -> np.ndarray:
+        """x as a C-contiguous float32 (B, in) array that fits ``scratch`` (a copy only when needed), or a clear error."""
         if not isinstance(scratch, Scratch) or scratch.sizes != self.sizes:
             raise TypeError(f"scratch: expected a Scratch from this model's scratch(batch_size), got {scratch!r}")
         if not _is_f32c(x):
@@ -238,7 +259,7 @@ class Mlp(QuantizedLayers):
         :mod:`qatlab.runtime.parallel`) then one fused bias + activation kernel.
         """
         x_in = x
-        x = self._input(x, scratch)
+        x = self.checked_input(x, scratch)
         B = x.shape[0]
         h, hq = scratch._rows(B)
         last = self.num_layers - 1
@@ -288,7 +309,7 @@ class Mlp(QuantizedLayers):
         if B == 0:
             raise ValueError("scratch: run forward(x, scratch) before backward(x, scratch, grads)")
         if x is not scratch._x_in:
-            x = self._input(x, scratch)
+            x = self.checked_input(x, scratch)
             if x.shape[0] != B:
                 raise ValueError(f"x: backward got {x.shape[0]} rows but the last forward had {B}")
         if grads._cap < B:
@@ -322,6 +343,16 @@ class Mlp(QuantizedLayers):
         q = sum(q is not None for q in self._wq), sum(q is not None for q in self._aq)
         return (f"Mlp({list(self.sizes)}, activation={self.activation!r}, bias={self.bias}, "
                 f"init={self.init!r}, quantized weights/activations={q[0]}/{q[1]})")
+
+
+class KernelLayers(NamedTuple):
+    """An Mlp's per-layer arrays as the fused kernels take them (:class:`qatlab.kernels.state.Net`'s fields)."""
+
+    act: int        # hidden activation code (qatlab.kernels.dense.ACT_CODES)
+    bs: tuple       # biases (out,); zeros when the model has none
+    wqs: tuple      # (out, in) quantized-weight buffers, the latent weights where a layer has no quantizer
+    dws: tuple      # dL/dW views into Gradients.flat()
+    dbs: tuple      # dL/db views, or sinks when the model has no biases
 
 
 class Scratch:
@@ -360,15 +391,15 @@ class Scratch:
 
     def activations(self, i: int) -> np.ndarray:
         """Hidden layer i after the activation function, before its quantizer: (batch, sizes[i+1])."""
-        return self._rows(self.batch)[0][_layer(i, len(self._hq))]
+        return self._rows(self.batch)[0][layer_index(i, len(self._hq))]
 
     def layer_input(self, i: int) -> np.ndarray:
         """What layer i multiplied with in the last forward: x, h or quantized h, (batch, sizes[i])."""
-        return self._a_in[_layer(i, len(self._h))]
+        return self._a_in[layer_index(i, len(self._h))]
 
     def weights_used(self, i: int) -> np.ndarray:
         """The (out, in) weights layer i used in the last forward: the quantized copy or the latent."""
-        return self._w_used[_layer(i, len(self._h))]
+        return self._w_used[layer_index(i, len(self._h))]
 
 
 class Gradients:
@@ -383,11 +414,11 @@ class Gradients:
         self._model = model
         self._entries = model._entries
         self._flat = np.zeros(model.num_params, np.float32)
-        views = _views(self._flat, self._entries)
+        views = flat_views(self._flat, self._entries)
         self._dw = views[::2] if model.bias else views
         self._db = views[1::2] if model.bias else [np.zeros(n, np.float32) for n in model.sizes[1:]]
-        self._dw_ro = [_readonly(a) for a in self._dw]
-        self._db_ro = [_readonly(a) for a in self._db]
+        self._dw_ro = [readonly(a) for a in self._dw]
+        self._db_ro = [readonly(a) for a in self._db]
         self._no_dx = np.zeros((0, model.sizes[0]), np.float32)
         self._cap = 0
         self._input_batch = 0
@@ -440,32 +471,32 @@ class Gradients:
     def d_output(self) -> np.ndarray:
         """Read-only dL/dy (B, K) (backward leaves it unchanged)."""
         B = self._batch()
-        return self._cached(("d_output", B), lambda: _readonly(self._delta[-1][:B]))
+        return self._cached(("d_output", B), lambda: readonly(self._delta[-1][:B]))
 
     def d_input(self) -> np.ndarray:
         """Read-only dL/dx (B, in) of the last backward with ``need_input_grad=True``."""
         B = self._input_batch
         if B == 0:
             raise ValueError("grads: no dL/dx yet; call model.backward(..., need_input_grad=True)")
-        return self._cached(("d_input", B), lambda: _readonly(self._rows(B)[2]))
+        return self._cached(("d_input", B), lambda: readonly(self._rows(B)[2]))
 
     # -- parameter gradients ----------------------------------------------------------------
     def d_weights(self, i: int) -> np.ndarray:
         """Read-only dL/dW_i (out, in) (latent: after the weight quantizer's STE)."""
-        return self._dw_ro[_layer(i, len(self._dw))]
+        return self._dw_ro[layer_index(i, len(self._dw))]
 
     def d_weights_mut(self, i: int) -> np.ndarray:
         """Writable dL/dW_i (out, in), a view into :meth:`flat`."""
-        return self._dw[_layer(i, len(self._dw))]
+        return self._dw[layer_index(i, len(self._dw))]
 
     def d_biases(self, i: int) -> np.ndarray | None:
         """Read-only dL/db_i (out,), or None when the model has no biases."""
-        i = _layer(i, len(self._db))
+        i = layer_index(i, len(self._db))
         return self._db_ro[i] if self._model.bias else None
 
     def d_biases_mut(self, i: int) -> np.ndarray | None:
         """Writable dL/db_i (out,), a view into :meth:`flat`; None when the model has no biases."""
-        i = _layer(i, len(self._db))
+        i = layer_index(i, len(self._db))
         return self._db[i] if self._model.bias else None
 
     def flat(self) -> np.ndarray:
@@ -474,7 +505,7 @@ class Gradients:
 
     def parameters(self) -> list[tuple[str, np.ndarray]]:
         """``[("w0", dW0), ("b0", db0), ...]``: writable views into :meth:`flat`."""
-        return [(name, v) for (name, _, _), v in zip(self._entries, _views(self._flat, self._entries))]
+        return [(name, v) for (name, _, _), v in zip(self._entries, flat_views(self._flat, self._entries))]
 
     def zero_params(self) -> None:
         """Set every parameter gradient to 0."""
@@ -503,7 +534,7 @@ class Gradients:
 
 
 # -- losses ----------------------------------------------------------------------------------
-def _f32_2d(name: str, a) -> np.ndarray:
+def as_f32_2d(name: str, a) -> np.ndarray:
     if not _is_f32c(a):
         if np.asarray(a).dtype.kind not in "biuf":
             raise TypeError(f"{name}: expected a numeric (float32) array, got dtype {np.asarray(a).dtype}")
@@ -524,7 +555,7 @@ def _grad_out(d_out, shape) -> np.ndarray:
     return d_out
 
 
-def _labels(labels, B: int) -> np.ndarray:
+def as_labels(labels, B: int) -> np.ndarray:
     labels = np.asarray(labels)
     if labels.dtype.kind not in "iu":
         raise TypeError(f"labels: expected an integer array, got dtype {labels.dtype}")
@@ -539,8 +570,8 @@ def cross_entropy_loss(logits, labels, d_out=None) -> float:
     loss = (1/B) sum_i [log sum_k exp(logits[i,k]) - logits[i, labels[i]]]  (max-shifted)
     If ``d_out`` (B, K) float32 is given: d_out = (softmax(logits) - onehot(labels)) / B.
     """
-    logits = _f32_2d("logits", logits)
-    labels = _labels(labels, logits.shape[0])
+    logits = as_f32_2d("logits", logits)
+    labels = as_labels(labels, logits.shape[0])
     return float(softmax_cross_entropy(logits, labels, _grad_out(d_out, logits.shape)))
 
 
@@ -549,8 +580,8 @@ def mse_loss(y, target, d_out=None) -> float:
 
     y, target (B, K); if ``d_out`` (B, K) float32 is given: d_out = 2 (y - t) / (B K).
     """
-    y = _f32_2d("y", y)
-    target = _f32_2d("target", target)
+    y = as_f32_2d("y", y)
+    target = as_f32_2d("target", target)
     if target.shape != y.shape:
         raise ValueError(f"target: expected shape {y.shape} (as y), got {target.shape}")
     return float(mse(y, target, _grad_out(d_out, y.shape)))
@@ -558,6 +589,6 @@ def mse_loss(y, target, d_out=None) -> float:
 
 def accuracy(logits, labels) -> float:
     """Share of rows whose argmax (ties: lowest index) equals the label; logits (B, K), labels (B,)."""
-    logits = _f32_2d("logits", logits)
-    labels = _labels(labels, logits.shape[0])
+    logits = as_f32_2d("logits", logits)
+    labels = as_labels(labels, logits.shape[0])
     return float(np.mean(np.argmax(logits, axis=1) == labels))

@@ -156,7 +156,7 @@ class TernaryMLP:
 
     def forward(self, x) -> np.ndarray:
         """Network output: x (in,) -> (out,), or x (B, in) -> (B, out); float32."""
-        x2, single = _as_batch(x, self.in_features, "x")
+        x2, single = as_batch(x, self.in_features, "x")
         y = self._mlp.forward(x2, self._mlp.scratch(x2.shape[0]))
         return y[0] if single else y
 
@@ -270,7 +270,7 @@ def _latent_from_trits(trits: np.ndarray, alpha: float) -> np.ndarray:
     return tf * c
 
 
-def _as_batch(x, features: int, name: str) -> tuple[np.ndarray, bool]:
+def as_batch(x, features: int, name: str) -> tuple[np.ndarray, bool]:
     """x (features,) or (B, features) -> (C-contiguous float32 (B, features), was 1-D)."""
     arr = np.asarray(x)
     if arr.dtype.kind not in "fiub":

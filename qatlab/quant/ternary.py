@@ -72,6 +72,11 @@ class TernaryQuantizer(param.Parameterized):
     def _cache_ste(self):
         self._code = self.ste.code  # the hot path reads this plain attribute, not the Param
 
+    @property
+    def ste_code(self) -> int:
+        """The STE's kernel code (:attr:`SteKind.code`), read without a Param lookup."""
+        return self._code
+
     def _args(self):
         f32 = np.float32
         return f32(1.0) / f32(self.alpha), f32(self.alpha)

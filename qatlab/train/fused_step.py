@@ -30,7 +30,7 @@ from ..runtime import parallel
 from ..kernels.fused import (BACKWARD, FORWARD, LAYER_SUMS, R_FORWARDS, R_LR, R_MADE, R_OPT_NORM, R_UPDATES, UPDATE,
                             batch_rows_error, predict_block, train_step, train_steps)
 from ..kernels.state import Activations, Batches, BlockOut, Net, Opt, RunOut, Schedule, Stash
-from ..nn import _f32_2d, _labels
+from ..nn import as_f32_2d, as_labels
 from ..quant import TernaryQuantizer
 
 __all__ = ["FusedStep", "unsupported_reason", "FORWARD", "BACKWARD", "UPDATE"]
@@ -77,9 +77,8 @@ class FusedStep:
         self._ternary = np.array([q is not None for q in self._quantizers], np.int64)
         self._alphas = np.zeros(L, np.float32)
         self._ws = tuple(mlp.weights(i) for i in range(L))
-        self._bs = tuple(mlp._b)
-        self._wqs = tuple(scratch._wq[i] if q is not None else mlp.weights(i) for i, q in enumerate(self._quantizers))
-        self._dws, self._dbs = tuple(grads._dw), tuple(grads._db)
+        layers = mlp.kernel_layers(scratch, grads)
+        self._wqs = layers.wqs
         self._no_targets = np.zeros((0, mlp.sizes[-1]), np.float32)
         self._rows = {}
         self._ternary_layers = [(i, q) for i, q in enumerate(self._quantizers) if q is not None]
@@ -87,8 +86,8 @@ class FusedStep:
         self._w_used = list(self._wqs)
         self._params, self._grads = mlp.flat_params(), grads.flat()
         # the kernels' named structures, as the plain tuples they take (qatlab.kernels.state)
-        self._net = tuple(Net(mlp._act, self._ternary, self._stes, self._alphas, self._ws, self._bs, self._wqs,
-                              self._dws, self._dbs, self._params, self._grads))
+        self._net = tuple(Net(layers.act, self._ternary, self._stes, self._alphas, self._ws, layers.bs, layers.wqs,
+                              layers.dws, layers.dbs, self._params, self._grads))
         self._opt = tuple(Opt(*opt.fused_kernel())) if opt is not None else None
         self.stash_sumsq = math.nan
         self._batch_bufs = {}
@@ -102,12 +101,10 @@ class FusedStep:
         quantizers' STE codes brought up to date (a quantizer's STE may have changed since the last step)."""
         stes = self._stes
         for i, q in self._ternary_layers:
-            stes[i] = q._code
+            stes[i] = q.ste_code
         rows = self._rows.get(B)
         if rows is None:
-            self.grads._grow(B)
-            h = self.scratch._rows(B)[0]
-            rows = self._rows[B] = Activations(tuple(h), tuple(self.grads._rows(B)[0]))
+            rows = self._rows[B] = Activations(*self.mlp.kernel_rows(self.scratch, self.grads, B))
         return rows
 
     def steps(self, X, idx, count: int, labels=None, targets=None, onehot: bool = False, stash=None,
@@ -263,11 +260,7 @@ class FusedStep:
         alphas = self._alphas.tolist()
         for i, q in self._ternary_layers:
             q.alpha = alphas[i]
-        scratch = self.scratch
-        scratch.batch, scratch._x_in, self.mlp._last_batch = x.shape[0], x, x.shape[0]
-        scratch._w_used = self._w_used
-        scratch._a_in = [x, *hs[:-1]]
-        self.grads._input_batch = 0
+        self.mlp.after_kernel_forward(self.scratch, self.grads, x, hs, self._w_used)
 
     def __call__(self, x, labels=None, targets=None, stage=UPDATE, lr=None, stash=None, clip=0.0) -> float:
         """Step on x (B, in) float32 C-contiguous, B <= scratch.batch_size, with int64 ``labels``
@@ -281,16 +274,16 @@ class FusedStep:
         (factor clip / (norm + 1e-6)). This is phase training's backward step in one call.
         """
         mlp, scratch, opt = self.mlp, self.scratch, self.opt
-        x = mlp._input(x, scratch)
+        x = mlp.checked_input(x, scratch)
         B = x.shape[0]
         if (labels is None) == (targets is None):
             raise ValueError("labels, targets: give exactly one (labels for cross-entropy, targets for MSE)")
         if labels is not None:
             if not (labels.__class__ is np.ndarray and labels.dtype == np.int64 and labels.shape == (B,)):
-                labels = _labels(labels, B).astype(np.int64)
+                labels = as_labels(labels, B).astype(np.int64)
             targets = self._no_targets
         else:
-            targets = _f32_2d("targets", targets)
+            targets = as_f32_2d("targets", targets)
             if targets.shape != (B, mlp.sizes[-1]):
                 raise ValueError(f"targets: expected shape {(B, mlp.sizes[-1])}, got {targets.shape}")
             labels = _NO_LABELS

@@ -32,7 +32,7 @@ from ..config import QatConfig
 from ..kernels import ste_kernels as K
 from ..kernels.state import Activations, Net
 from ..nn.mlp import Mlp
-from ..nn.ternary_mlp import TernaryMLP, _as_batch
+from ..nn.ternary_mlp import TernaryMLP, as_batch
 from ..quant import TernaryQuantizer
 from ..quant.ste import SteKind
 
@@ -159,9 +159,10 @@ class SteTrainer:
         mlp, f32 = self._mlp, np.float32
         scratch, grads = mlp.scratch(rows), mlp.gradients(rows)
         # stes 0: a fused.train_step on this Net leaves dL/dQ(W) as is; the STE comes with the clip in the update
-        self._net = tuple(Net(mlp._act, np.ones(2, np.int64), np.zeros(2, np.int64), np.zeros(2, f32),
-                              (self._w1, self._w2), tuple(mlp._b), tuple(scratch._wq), tuple(grads._dw),
-                              tuple(grads._db), mlp.flat_params(), grads.flat()))
+        layers = mlp.kernel_layers(scratch, grads)
+        self._net = tuple(Net(layers.act, np.ones(2, np.int64), np.zeros(2, np.int64), np.zeros(2, f32),
+                              (self._w1, self._w2), layers.bs, layers.wqs, layers.dws, layers.dbs,
+                              mlp.flat_params(), grads.flat()))
         self._scratch, self._grads, self._acts = scratch, grads, {}
         self._xb = np.zeros((rows, self.in_features), f32)
         self._tb = np.zeros((rows, self.out_features), f32)
@@ -171,7 +172,7 @@ class SteTrainer:
         """The Activations tuple at B <= self._rows rows (made once per B)."""
         acts = self._acts.get(B)
         if acts is None:
-            acts = self._acts[B] = tuple(Activations(tuple(self._scratch._rows(B)[0]), tuple(self._grads._rows(B)[0])))
+            acts = self._acts[B] = tuple(Activations(*self._mlp.kernel_rows(self._scratch, self._grads, B)))
         return acts
 
     @property
@@ -207,8 +208,8 @@ class SteTrainer:
         x (in,) with t (out,), or a batch x (B, in) with t (B, out); finite values. A non-finite
         loss is returned (never raised) and the latents are left unchanged.
         """
-        x2, single = _as_batch(x, self.in_features, "x")
-        t2, t_single = _as_batch(t, self.out_features, "t")
+        x2, single = as_batch(x, self.in_features, "x")
+        t2, t_single = as_batch(t, self.out_features, "t")
         if single != t_single or x2.shape[0] != t2.shape[0]:
             raise ValueError(f"t: shape {np.shape(t)} does not match x shape {np.shape(x)}")
         B = x2.shape[0]
@@ -295,7 +296,7 @@ class SteTrainer:
     def forward(self, x) -> np.ndarray:
         """Fake-quant forward of the current latents (:meth:`Mlp.forward <qatlab.nn.Mlp.forward>`):
         x (in,) -> (out,), x (B, in) -> (B, out), float32."""
-        x2, single = _as_batch(x, self.in_features, "x")
+        x2, single = as_batch(x, self.in_features, "x")
         y = self._mlp.forward(x2, self._mlp.scratch(x2.shape[0]))
         return y[0] if single else y
 
