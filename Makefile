@@ -5,6 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PORT ?= 5006
+# `make test-fast` spreads its tests over this many pytest-xdist workers (0: one process, as `make test`).
+FAST_WORKERS ?= 2
 # `make serve` listens on this machine only; to share it, e.g. `make serve ADDRESS=0.0.0.0 ORIGIN=myhost:5006`
 # (README, "Safety"; ORIGIN may list several). SERVE_ARGS passes more `panel serve` options (e.g. --basic-auth).
 # The websocket limit (32 MiB) fits a 20 MB upload, which travels base64-encoded in one message.
@@ -32,13 +34,18 @@ serve: $(STAMP)
 		--websocket-max-message-size 33554432 \
 		$(foreach o,$(ORIGIN),--allow-websocket-origin $(o)) $(SERVE_ARGS)
 
+# The test targets let Python cache bytecode (__pycache__/, git-ignored) even where the environment sets
+# PYTHONDONTWRITEBYTECODE: recompiling qatlab, the tests and their imports costs ~18 s on every run.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
+
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PYTEST)
 
 # Everything but the tests marked slow (they train real models or start Python processes, a Dask cluster,
 # a server or a browser) or browser: the kernels against their references, config, store, UI pieces.
+# Whole test files go to each worker (--dist loadfile), so a module's fixtures are built once.
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow and not browser" -q
+	$(PYTEST) -m "not slow and not browser" -q -n $(FAST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q 'torch==2.13.0'

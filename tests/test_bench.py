@@ -235,6 +235,7 @@ def _check_fakequant_json(path: Path, sizes, torch_expected: bool):
     return data
 
 
+@pytest.mark.slow   # the whole fakequant suite through the CLI, timing torch too (the torch-free run stays fast)
 def test_cli_fakequant_tiny_writes_valid_json(tmp_path, capsys):
     out = tmp_path / "res" / "fq.json"
     assert bench.main(["fakequant", "--out", str(out), *TINY]) == 0

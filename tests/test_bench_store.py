@@ -29,6 +29,7 @@ def test_store_suite_quick_structure(tmp_path, monkeypatch):
     assert [g["passed"] for g in goals] == [worst <= bench_store.GOAL_COST, slowest < bench_store.GOAL_READ_MS]
 
 
+@pytest.mark.slow   # trains: the rows come from a real run_experiment
 def test_history_rows_carry_a_runs_columns_with_renumbered_steps():
     rows = bench_store._history_rows(500)
     assert [r["step"] for r in rows[:3]] == [1.0, 2.0, 3.0] and rows[-1]["step"] == 500.0

@@ -207,6 +207,7 @@ def test_torch_reference_train(torch):
 # ----------------------------------------------------------------------------- conv
 
 
+@pytest.mark.slow   # runs the conv suite: times training steps of the LeNet Cnn (as the train suite's test)
 def test_conv_suite_quick_structure(monkeypatch, tmp_path):
     from qatlab.bench import conv as bench_conv
 
@@ -261,6 +262,7 @@ def test_conv_floor_and_steps_train():
     bench_conv.make_floor(8)()
 
 
+@pytest.mark.slow   # trains the Cnn of each kind three steps, in qatlab and in its torch twin
 def test_conv_torch_twin_same_math(torch):
     from qatlab.bench import conv as bench_conv
 

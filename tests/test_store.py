@@ -514,6 +514,7 @@ def test_owner_liveness_callback(store):
 
 # ----------------------------------------------------------------------------- speed, record()
 
+@pytest.mark.slow   # a speed test: writes 100k rows, then holds reads to a wall-clock bound
 def test_history_of_100k_rows_reads_fast(store):
     rid = store.create_run(tiny())
     n, batch = 100_000, 500          # a live run flushing 500 rows at a time

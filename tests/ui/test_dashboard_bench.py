@@ -76,6 +76,7 @@ def inspector():
             time.sleep(0.1)
 
 
+@pytest.mark.slow   # starts the inspector's HTTP server and its sampler in this process
 def test_inspector_reports_state_and_samples(inspector):
     state = _get(inspector, "/state")
     assert {"time", "rss", "cpu_s", "runs", "threads", "dashboards"} <= set(state)

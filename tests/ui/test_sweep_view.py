@@ -15,6 +15,8 @@ from qatlab.ui import sweep_charts as C
 from qatlab.ui.sweep_form import axes_text, parse_axes, parse_seeds, ste_grid
 from qatlab.ui.sweep_view import SweepView
 
+pytestmark = pytest.mark.filterwarnings("ignore:The inplace keyword")  # bokeh + pandas 3.1, in Tabulator
+
 STES = ("identity", "tanh")
 BITS = (2, 4)
 SEEDS = (0, 1)
