@@ -27,13 +27,17 @@ def history_nbytes(config: PhaseConfig, tensor_sizes) -> int:
     if config.history_storage == "vsa":
         d = int(config.vsa.dimension)
         return capacity * F32 * d + F32 * d + VSAGradientCompressor.scratch_nbytes(d)
-    return capacity * F32 * sum(sizes)
+    return _float32_bytes(capacity, sizes)
+
+
+def _float32_bytes(capacity: int, sizes) -> int:
+    return capacity * F32 * sum(int(n) for n in sizes)
 
 
 def history_summary(config: PhaseConfig, tensor_sizes) -> dict:
     """What the Phases tab shows: ``storage``, its ``bytes`` and the ``float32_bytes`` the same entries take as rows."""
     return {"storage": config.history_storage, "bytes": history_nbytes(config, tensor_sizes),
-            "float32_bytes": trend_capacity(config.predictor, config.prediction) * F32 * sum(map(int, tensor_sizes))}
+            "float32_bytes": _float32_bytes(trend_capacity(config.predictor, config.prediction), tensor_sizes)}
 
 
 def make_history(config: PhaseConfig, layout: ParamLayout):
