@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import re
 
+from .train.history import history_nbytes
+
 F32 = 4
 EVAL_CHUNK = 1024              # test rows the training loop evaluates at once (qatlab.train.loss)
 OPTIMIZER_STATE = {"sgd": 0, "momentum": 1, "adam": 2}   # float32 buffers per parameter
@@ -82,9 +84,9 @@ def estimate_memory(cfg, n_train: int, n_test: int, n_features: int, n_outputs: 
     # forward: every layer's output and each hidden layer's quantized copy (allocated always)
     per_row = acts + hidden
     phase = 0
-    if cfg.phase.enabled:   # trainer: staging, prediction, output; predictor: anchor, block sum, trend,
-        from .train.history import history_nbytes   # correction; then its trend entries in their store
+    if cfg.phase.enabled:
         tensors = [n for w, b, _ in counts for n in (w, b) if n]
+        # trainer: staging, prediction, output; predictor: anchor, block sum, trend, correction; its trend entries
         phase = (3 + 4) * params * F32 + history_nbytes(cfg.phase, tensors)
     parts = {
         "parameters": params * F32,
