@@ -99,6 +99,7 @@ def test_clip_rule_zeroes_gradient_beyond_threshold():
     assert trainer.w1_latent.ravel()[k] != w1.ravel()[k]
 
 
+@pytest.mark.slow
 def test_all_latents_clipped_means_no_learning():
     w1, w2 = _latents()
     trainer = SteTrainer.from_f32(I, H, O, w1, w2, QatConfig(clip_threshold=1e-6, epochs=3, log_every=0))
@@ -118,6 +119,7 @@ def test_non_finite_loss_returned_and_latents_untouched():
 
 # ----------------------------------------------------------------------------- train()
 
+@pytest.mark.slow
 def test_epochs_follow_seeded_shuffle_in_batches():
     """train() == train_step over np.random.default_rng(seed).permutation(n) batches, last one short."""
     w1, w2 = _latents()
@@ -141,6 +143,7 @@ def test_epochs_follow_seeded_shuffle_in_batches():
     assert res.final_loss == res.loss_history[-1]
 
 
+@pytest.mark.slow
 def test_pairs_and_arrays_are_the_same_data():
     w1, w2 = _latents()
     X, T = _data(12)
@@ -151,6 +154,7 @@ def test_pairs_and_arrays_are_the_same_data():
     assert np.array_equal(a.loss_history, b.loss_history) and np.array_equal(a.loss_history, c.loss_history)
 
 
+@pytest.mark.slow
 def test_determinism_same_seed_same_history():
     w1, w2 = _latents()
     data = _data(40)
@@ -163,6 +167,7 @@ def test_determinism_same_seed_same_history():
     assert not np.array_equal(runs[0][0].loss_history, runs[2][0].loss_history)
 
 
+@pytest.mark.slow
 def test_active_gradient_fraction_counts_latents_with_nonzero_gradient():
     rng = np.random.default_rng(3)
     X = rng.uniform(0.1, 1.0, size=(6, I)).astype(np.float32)
@@ -178,6 +183,7 @@ def test_active_gradient_fraction_counts_latents_with_nonzero_gradient():
         assert res.active_gradient_fraction == expected and 0.3 < expected < 0.9
 
 
+@pytest.mark.slow
 def test_divergence_stops_training_without_raising(caplog):
     w1, w2 = _latents()
     X, T = _data(8)
@@ -191,6 +197,7 @@ def test_divergence_stops_training_without_raising(caplog):
     assert np.isfinite(trainer.w1_latent).all() and np.isfinite(trainer.w2_latent).all()
 
 
+@pytest.mark.slow
 def test_logs_every_n_epochs(caplog):
     w1, w2 = _latents()
     trainer = SteTrainer.from_f32(I, H, O, w1, w2, QatConfig(epochs=7, log_every=3))
@@ -237,6 +244,7 @@ def test_learns_ternary_teacher(ste):
 
 # ----------------------------------------------------------------------------- finalize / from_mlp
 
+@pytest.mark.slow
 def test_finalize_forward_equals_fake_quant_forward():
     w1, w2 = _latents(seed=4, i=32, h=64, o=8)
     X, T = _data(64, i=32, o=8)
@@ -334,6 +342,7 @@ def test_train_step_and_train_reject_bad_samples():
         trainer.train(42)
 
 
+@pytest.mark.slow
 def test_trains_its_mlp_and_starts_from_one():
     """The latents are the Mlp's weights (views), and an Mlp [in, hidden, out] (relu, no biases) seeds a trainer."""
     from qatlab.nn import Mlp
