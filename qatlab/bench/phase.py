@@ -492,6 +492,21 @@ def _seed_rows(wl: Workload, vs: Sequence[Variant], seeds: Sequence[int], rows: 
     return acc_rows, wall_rows
 
 
+def _compare_to_baseline(row: dict, base: dict, phase_on: bool, costs: dict[str, float], metrics_every: int) -> None:
+    """A row's columns against full backprop's (``base``), and its time split, added to ``row``."""
+    row["acc_delta_pp"] = 100.0 * (row["test_accuracy"] - base["test_accuracy"])
+    row["wall_speedup"] = base["train_seconds"] / row["train_seconds"]
+    row["spread"] = f"{row['train_seconds_min']:.2f}..{row['train_seconds_max']:.2f}"
+    row["predict_steps"] = row["steps"] - row["backward_passes"]
+    row["outside_pct"] = (100.0 * row["seconds_outside_steps"] / row["train_seconds_samples"][row["median_repeat"]]
+                          if phase_on else math.nan)
+    row["loss_blocks"] = (f"{row['loss_full']:.3f}/{row['loss_predict']:.3f}/{row['loss_correct']:.3f}"
+                          if phase_on else None)
+    row["lengths"] = f"{row['full_length_end']}/{row['predict_length_end']}" if phase_on else None
+    row["ideal_speedup"] = _ideal_speedup(costs, row["steps"], row["backward_passes"], row["predictor"] or "momentum",
+                                          metrics_every)
+
+
 def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeats: int = RUN_REPEATS,
                     variants: Sequence[Variant] = VARIANTS, warmup_epochs: int = 1, seeds: Sequence[int] = (),
                     quick: bool = False, progress: Callable[[str], None] | None = None) -> SuiteResult:
@@ -528,18 +543,7 @@ def run_phase_bench(workloads: Sequence[Workload], opts: BenchOptions, *, repeat
         rows = [_row(wl, v, cfgs[v.key], results[v.key]) for v in vs]
         base = rows[0]
         for row, v in zip(rows, vs):
-            row["acc_delta_pp"] = 100.0 * (row["test_accuracy"] - base["test_accuracy"])
-            row["wall_speedup"] = base["train_seconds"] / row["train_seconds"]
-            row["spread"] = f"{row['train_seconds_min']:.2f}..{row['train_seconds_max']:.2f}"
-            row["predict_steps"] = row["steps"] - row["backward_passes"]
-            row["outside_pct"] = (100.0 * row["seconds_outside_steps"] / row["train_seconds_samples"][row["median_repeat"]]
-                                  if v.phase is not None else math.nan)
-            row["loss_blocks"] = (f"{row['loss_full']:.3f}/{row['loss_predict']:.3f}/{row['loss_correct']:.3f}"
-                                  if v.phase is not None else None)
-            row["lengths"] = (f"{row['full_length_end']}/{row['predict_length_end']}"
-                              if v.phase is not None else None)
-            row["ideal_speedup"] = _ideal_speedup(costs, row["steps"], row["backward_passes"],
-                                                  row["predictor"] or "momentum", wl.config.metrics_every)
+            _compare_to_baseline(row, base, v.phase is not None, costs, wl.config.metrics_every)
         seed_rows, wall_rows = _seed_rows(wl, vs, seeds, rows, progress) if wl.goal and seeds else ([], [])
         for row, v in zip(rows, vs):
             row["goal_passed"] = _judge(row) if v.kind == "phase" else None
