@@ -76,7 +76,8 @@ class Page(DashboardPage):
     def tab(self, name: str) -> None:
         self.page.locator(".bk-tab").filter(has_text=re.compile(f"^{name}$")).first.click()
         active = self.page.locator(".bk-tab.bk-active")
-        _wait_for(lambda: name in [t.strip() for t in active.all_inner_texts()], 10, f"tab {name} active")
+        # 30 s: on a loaded CI machine the browser once took over 10 s to take the click while it drew a tab
+        _wait_for(lambda: name in [t.strip() for t in active.all_inner_texts()], 30, f"tab {name} active")
 
     def sidebar_text(self, text: str):
         return self.page.locator("#sidebar").get_by_text(text, exact=True).first
