@@ -423,7 +423,9 @@ def _history_rows(rows: list[dict]) -> list[dict]:
     (mean over the seeds when measured) and against the same predictor with float32 entries."""
     by = {r["variant"]: r for r in rows}
     stored = [r for r in rows if r["kind"] == "storage" and STORED_AS_FLOAT32[r["predictor"]] in by]
-    float32 = [by[k] for k in STORED_AS_FLOAT32.values() if k in by and stored]
+    if not stored:
+        return []
+    float32 = [by[k] for k in STORED_AS_FLOAT32.values() if k in by]
     out = []
     for r in float32 + stored:
         f32 = by[STORED_AS_FLOAT32[r["predictor"]]]

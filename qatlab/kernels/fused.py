@@ -28,8 +28,8 @@ from numba import njit
 from .dense import (IDENTITY, act_backward_inplace, bias_act_inplace, count_correct, mse, softmax_cross_entropy,
                     sum_squares, two_sign_counts)
 from .fakequant import fq_noise_saturation, ternary_backward, ternary_forward
-from .optim_kernels import (adam_kernel, momentum_kernel, sgd_kernel, adam_constants, adam_element, fused_row,
-                            momentum_constants, momentum_element, sgd_constants, sgd_element)
+from .optim_kernels import (adam_constants, adam_element, adam_kernel, fused_row, momentum_constants,
+                            momentum_element, momentum_kernel, sgd_constants, sgd_element, sgd_kernel)
 from .clock import monotonic_ns
 from .phase_kernels import (anchor_trend, clamp01, compare_vectors, copy_sum_squares, fold_correction, norms3,
                             prediction, relative_error_cosine)

@@ -218,9 +218,10 @@ class Mlp(QuantizedLayers):
 
     def after_kernel_forward(self, scratch: "Scratch", grads: "Gradients", x, hs, w_used) -> None:
         """Leave scratch and grads as :meth:`forward` on x (B, in) would, after a kernel ran it: ``hs`` the
-        activations it wrote, ``w_used`` the (out, in) weights each layer multiplied with."""
+        activations it wrote, ``w_used`` the list of (out, in) weights each layer multiplied with (kept, not
+        copied: the caller's list is fixed)."""
         scratch.batch, scratch._x_in, self._last_batch = x.shape[0], x, x.shape[0]
-        scratch._w_used = list(w_used)
+        scratch._w_used = w_used
         scratch._a_in = [x, *hs[:-1]]
         grads._input_batch = 0
 
@@ -237,7 +238,8 @@ class Mlp(QuantizedLayers):
 
     # -- forward / backward -----------------------------------------------------------------
     def checked_input(self, x, scratch: "Scratch") -> np.ndarray:
-        """x as a C-contiguous float32 (B, in) array that fits ``scratch`` (a copy only when needed), or a clear error."""
+        """x as a C-contiguous float32 (B, in) array that fits ``scratch`` (copied only when needed), or a
+        clear error."""
         if not isinstance(scratch, Scratch) or scratch.sizes != self.sizes:
             raise TypeError(f"scratch: expected a Scratch from this model's scratch(batch_size), got {scratch!r}")
         if not _is_f32c(x):
