@@ -217,6 +217,8 @@ def test_history_validation():
         hist.write(0, np.zeros(10, F32))
     with pytest.raises(ValueError, match="NaN"):
         hist.write(0, np.full(10_000, np.inf, F32))
+    with pytest.raises(ValueError, match=r"slot: must be in \[0, 2\), got 2"):
+        hist.write(2, np.ones(10_000, F32))
     np.testing.assert_array_equal(hist.rows, before)
     with pytest.raises(ValueError, match="capacity"):
         VSAHistory(0, model())

@@ -206,6 +206,8 @@ class VSAHistory:
     def write(self, slot: int, flat: np.ndarray) -> None:
         """Row ``slot`` = the bundle of ``flat`` (float32 (n,), every parameter in layout order)."""
         flat = self.compressor.layout.check_flat(flat, "flat")
+        if not 0 <= slot < self.capacity:
+            raise ValueError(f"slot: must be in [0, {self.capacity}), got {slot}")
         self.compressor.compress_flat(flat, self.rows[slot])
 
     def weighted_sum(self, coeffs: np.ndarray, out: np.ndarray) -> np.ndarray:
