@@ -7,6 +7,7 @@ workers (the local cluster, or ``QATLAB_SCHEDULER``) and are kept in the run sto
 keeps uploads under ``QATLAB_UPLOAD_DIR`` (default: a temporary directory per page); ``make
 serve`` binds 127.0.0.1 (README, "Safety").
 """
+import gc
 import pathlib
 import sys
 
@@ -29,6 +30,10 @@ warmup.start()
 if not pn.state.headers:
     warmup.wait()
     connect()
+    # What exists now lives as long as the server: out of the collector's sight, a full collection
+    # (Panel runs one each time a page's session ends) scans only the sessions' objects.
+    gc.collect()
+    gc.freeze()
 
 pn.extension("tabulator", notifications=True)
 

@@ -147,6 +147,24 @@ def test_data_path_must_exist_on_the_worker(tmp_path):
 
 
 @pytest.mark.slow
+def test_local_cluster_settings_reach_its_scheduler_and_workers(client2):
+    """LOCAL_DASK_CONFIG holds on the scheduler (no retry, no work stealing, a slow tick) and in the
+    worker processes (slow tick, psutil sampling and memory checks), not only where it was set."""
+    import dask
+
+    from qatlab.executor.cluster import LOCAL_DASK_CONFIG
+
+    def scheduler_view(dask_scheduler):
+        return dask_scheduler.allowed_failures, "stealing" in dask_scheduler.extensions, dask_scheduler._tick_interval
+
+    assert client2.run_on_scheduler(scheduler_view) == (0, False, 0.5)
+    keys = ("distributed.admin.tick.interval", "distributed.admin.system-monitor.interval",
+            "distributed.worker.memory.monitor-interval")
+    seen = client2.run(lambda: [dask.config.get(k) for k in keys])
+    assert len(seen) == 2
+    assert all(values == [LOCAL_DASK_CONFIG[k] for k in keys] for values in seen.values())
+
+
 def test_run_on_a_worker_streams_rows_and_matches_in_process(client2, store):
     cfg = config(epochs=150)
     assert all(client2.run(lambda: "qatlab" in sys.modules).values())     # WarmWorker imported it

@@ -57,6 +57,7 @@ The browser helpers (:class:`AppServer`, :class:`DashboardPage`, :func:`launch_c
 """
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -235,9 +236,9 @@ def sample_main_thread(seconds: float, interval: float = 0.005, top: int = 40) -
 
 
 def count_objects(top: int = 40) -> list:
-    """The ``top`` most numerous kinds of objects the garbage collector tracks in this process, as
-    ``[["module.Type", count], ...]``: compared before and after a probe, it shows what piles up."""
-    import gc
+    """The ``top`` most numerous kinds of objects the garbage collector tracks in this process (not
+    those frozen at start-up), as ``[["module.Type", count], ...]``: compared before and after a
+    probe, it shows what piles up."""
     counts: dict[str, int] = {}
     for obj in gc.get_objects():
         t = type(obj)
@@ -253,6 +254,7 @@ def _inspector_state(ids=None, config: bool = True) -> dict:
     dashboards = [{"key": id(d), "owner": d.owner, "closed": bool(d.closed), "streaming": bool(d.streaming)}
                   for d in list(ui.DASHBOARDS)] if ui is not None else []
     return {"time": time.time(), "rss": _rss_bytes(), "loop_cpu_s": loop_cpu_seconds(),
+            "gc_frozen": gc.get_freeze_count(),
             "cpu_s": process_cpu_seconds(), "runs": _TRACKER.dicts(ids, config),
             "threads": sorted(t.name for t in threading.enumerate()), "dashboards": dashboards}
 

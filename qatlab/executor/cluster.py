@@ -19,6 +19,19 @@ SCHEDULER_ENV = "QATLAB_SCHEDULER"
 #: The local cluster has at least this many workers, so the four runs of an STE comparison
 #: train together (each a process of its own) even on a 2-core machine.
 MIN_LOCAL_WORKERS = 4
+#: Dask settings of the local cluster. No retry (a rerun would duplicate rows); a run waits on the
+#: scheduler, not behind a busy worker (so there is nothing to steal). The rest slow down housekeeping
+#: that only Dask's own dashboard needs (event-loop tick every 20 ms, psutil sampling every 0.5 s,
+#: nanny memory check every 0.1 s), which otherwise keeps the process that started the cluster (its
+#: scheduler and nannies run there: the dashboard's server) busy while nothing trains.
+LOCAL_DASK_CONFIG = {
+    "distributed.scheduler.allowed-failures": 0,
+    "distributed.scheduler.worker-saturation": 1.0,
+    "distributed.scheduler.work-stealing": False,
+    "distributed.admin.tick.interval": "500ms",
+    "distributed.admin.system-monitor.interval": "2s",
+    "distributed.worker.memory.monitor-interval": "1s",
+}
 CONNECT_TIMEOUT = "20s"
 #: The local cluster's worker processes run at this lower CPU priority (nice) than the process that
 #: started them: a machine that serves the dashboard and trains answers its pages first.
@@ -66,13 +79,12 @@ def _check_workers(n_workers) -> int:
 
 def local_cluster(n_workers: int | None = None):
     """A new LocalCluster: ``n_workers`` (default: the cores, at least :data:`MIN_LOCAL_WORKERS`)
-    worker processes of one thread on 127.0.0.1, no dashboard, no task retried, a task queued on the
-    scheduler until a worker is free. The caller closes it."""
+    worker processes of one thread on 127.0.0.1, no dashboard, with :data:`LOCAL_DASK_CONFIG` (no task
+    retried, a task queued on the scheduler until a worker is free). The caller closes it."""
     n = _check_workers(n_workers)
     import dask
     from distributed import LocalCluster
-    # no retry (a rerun would duplicate rows); a run waits on the scheduler, not behind a busy worker
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0, "distributed.scheduler.worker-saturation": 1.0}):
+    with dask.config.set(LOCAL_DASK_CONFIG):
         return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
                             dashboard_address=None,   # no Bokeh dashboard; its plain HTTP routes on a free loopback port
                             scheduler_kwargs={"allowed_failures": 0, "dashboard_address": "127.0.0.1:0"})

@@ -386,6 +386,14 @@ def _closed_within(server, ids, closed_at: float, timeout: float = 30.0) -> floa
 
 
 @pytest.mark.browser
+def test_server_freezes_its_start_up_objects_for_the_garbage_collector(served):
+    """``panel serve --warm`` freezes what it built before serving (modules, the cluster, the kernels),
+    so the full collection Panel runs when a session ends scans only the sessions' objects."""
+    server, _ = served
+    assert server.inspect()["gc_frozen"] > 50_000
+
+
+@pytest.mark.browser
 def test_browser_closed_pages_stop_their_runs_within_a_second(served):
     server, _ = served
     for button, count in (("Start", 1), ("Compare STE kinds", 4)):
