@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from bokeh.models import Range1d
+from bokeh.models import GlyphRenderer, Range1d
 
 #: Tag of the ranges a RangeFitter manages (fixed ranges such as ``fraction_range()`` lack it).
 AUTO = "qatlab-auto"
@@ -93,8 +93,9 @@ class _ManagedRange:
     def add(self, renderer) -> None:
         glyph, source = renderer.glyph, renderer.data_source
         fields = []
-        for attr in _FIELDS[self.dim]:
-            field = getattr(glyph, attr, None)
+        has = glyph.properties()     # (asking a Bokeh model for a property it lacks builds a costly error)
+        for attr in (a for a in _FIELDS[self.dim] if a in has):
+            field = getattr(glyph, attr)
             if isinstance(field, dict):
                 field = field.get("field")
             if isinstance(field, str):
@@ -170,7 +171,7 @@ class RangeFitter:
                 log = (fig.x_scale if dim == "x" else fig.y_scale).__class__.__name__ == "LogScale"
                 m = managed.setdefault(rng.id, _ManagedRange(rng, dim, log))
                 for renderer in fig.renderers:
-                    if hasattr(renderer, "glyph") and hasattr(renderer, "data_source"):
+                    if isinstance(renderer, GlyphRenderer):
                         m.add(renderer)
         self.ranges = list(managed.values())
 
