@@ -165,6 +165,22 @@ def test_local_cluster_settings_reach_its_scheduler_and_workers(client2):
     assert all(values == [LOCAL_DASK_CONFIG[k] for k in keys] for values in seen.values())
 
 
+def test_log_rows_bounds_the_history_kept_here_while_the_store_keeps_every_row(client2, store):
+    cfg = config(epochs=3)
+    cfg.metrics_every = 1
+    with pytest.raises(ValueError, match="log_rows"):
+        RemoteRun(cfg, store=store, client=client2, log_rows=8)
+    run = RemoteRun(cfg, store=store, client=client2, log_rows=32).start()
+    assert run.join(JOIN) and run.status == "finished"
+    stored = store.history(run.id)
+    kept = run.history()
+    assert np.isfinite(stored["loss"]).sum() == run.total_steps > 64
+    assert len(kept["row_id"]) <= 32
+    steps = kept["step"][np.isfinite(kept["loss"])]
+    assert steps[0] == stored["step"][0] and np.all(np.diff(steps) > 0)   # thinned, in order, from the start
+    assert set(steps) <= set(stored["step"])
+
+
 def test_run_on_a_worker_streams_rows_and_matches_in_process(client2, store):
     cfg = config(epochs=150)
     assert all(client2.run(lambda: "qatlab" in sys.modules).values())     # WarmWorker imported it

@@ -23,7 +23,7 @@ import time
 import weakref
 
 from ..config import ExperimentConfig
-from ..metrics import MetricsLog
+from ..metrics import DEFAULT_CAPACITY, MetricsLog
 from ..progress import RunProgress
 from . import cluster
 from .worker import (WEIGHTS_SECONDS, WorkerLost, control_name, drop_received_rows, forget_topic, run_on_worker,
@@ -117,11 +117,14 @@ class RemoteRun(RunProgress):
             tab's histograms); a sweep's runs, which no page shows that way, save that traffic.
         on_task_end: called with no arguments once the run's Dask task has ended, so its worker slot
             is free (before the result is stored); on a thread of Dask's client: it must not block.
+        log_rows: most rows of history kept in this process (``log``, ``history()``; past it older
+            rows are thinned 2:1, as a MetricsLog does); the store keeps every row.
     """
 
     def __init__(self, config: ExperimentConfig, name: str | None = None, store=None, client=None,
                  keep_alive: bool = False, owner=None, sweep_id: str | None = None, point: dict | None = None,
-                 keep_model: bool = True, weights: bool = True, on_task_end=None):
+                 keep_model: bool = True, weights: bool = True, on_task_end=None,
+                 log_rows: int = DEFAULT_CAPACITY):
         from ..runs import checked_name
         from ..store import RunStore
         if not isinstance(config, ExperimentConfig):
@@ -136,6 +139,8 @@ class RemoteRun(RunProgress):
             raise TypeError(f"weights: expected a bool, got {type(weights).__name__}")
         if on_task_end is not None and not callable(on_task_end):
             raise TypeError(f"on_task_end: expected a callable or None, got {type(on_task_end).__name__}")
+        if isinstance(log_rows, bool) or not isinstance(log_rows, int) or log_rows < 16:
+            raise ValueError(f"log_rows: expected an int >= 16, got {log_rows!r}")
         config.validate()
         self.config = config.copy()
         self.name = None if name is None else checked_name(name)
@@ -144,7 +149,7 @@ class RemoteRun(RunProgress):
         self.sweep_id, self.point = sweep_id, point
         self._on_task_end = on_task_end
         self.id: str | None = None          # the store's run id, from start()
-        self.log = MetricsLog()
+        self.log = MetricsLog(log_rows)
         self.log.meta["config"] = self.config.to_dict()    # (as LocalRun's; the worker adds sizes, total_steps)
         self.status, self.message = "created", ""
         self.worker: str | None = None      # the worker's address once it started the run

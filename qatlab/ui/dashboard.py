@@ -4,7 +4,8 @@
 one :class:`~qatlab.ui.base.PlotOptions`, and is the only place that creates runs. The server
 trains nothing: every run is a :class:`~qatlab.executor.remote.RemoteRun` (``ql.Run``) on the Dask
 client (:func:`qatlab.executor.connect`: the local cluster, or ``$QATLAB_SCHEDULER``), its rows
-streamed back into ``run.log`` and kept in the run store (``$QATLAB_STORE``):
+streamed back into ``run.log`` (at most :data:`PAGE_LOG_ROWS` kept here) and kept in the run store
+(``$QATLAB_STORE``):
 
 - ``Start``: one run of the sidebar config, shown in Overview, Quantization and Phases;
 - ``Compare STE kinds``: one run per SteKind, started together, shown in the STE tab;
@@ -51,6 +52,9 @@ from .streaming import StreamHub
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT = 30.0
+#: Rows of history a page's run keeps in the server (older ones thinned 2:1 past it): its figures
+#: show at most 1000 points a curve, and the store keeps every row (downloads read it there).
+PAGE_LOG_ROWS = 10_000
 TAB_NAMES = ["Overview", "STE comparison", "Quantization", "Phases", "Runs", "Sweeps"]
 
 _groups = itertools.count(1)
@@ -166,7 +170,7 @@ class Dashboard(pn.viewable.Viewer):
         (config, memory, no cluster) the others stop, the page says why and (here) None is returned."""
         try:
             runs = {key: RemoteRun(cfg, name=name, owner=self.owner, keep_alive=self.config_panel.keep_alive.value,
-                                   store=self.store, client=self._client, keep_model=False)
+                                   store=self.store, client=self._client, keep_model=False, log_rows=PAGE_LOG_ROWS)
                     for key, (cfg, name) in configs.items()}
         except (ValueError, TypeError) as exc:
             self.config_panel.notify_error(str(exc))
