@@ -37,9 +37,9 @@ def config(epochs: int = 40, seed: int = 0, hidden=(256,)) -> ql.ExperimentConfi
 
 
 def _cluster_client(n_workers: int):
-    from distributed import Client
+    from qatlab.executor.cluster import local_client
     cluster = local_cluster(n_workers)
-    client = Client(cluster, set_as_default=False, timeout="60s")
+    client = local_client(cluster, timeout="60s")
     client.register_plugin(WarmWorker(warm=False))   # (warming every worker would load the shared CPU)
     return cluster, client
 
@@ -159,7 +159,7 @@ def test_local_cluster_settings_reach_its_scheduler_and_workers(client2):
 
     assert client2.run_on_scheduler(scheduler_view) == (0, False, 0.5)
     keys = ("distributed.admin.tick.interval", "distributed.admin.system-monitor.interval",
-            "distributed.worker.memory.monitor-interval")
+            "distributed.worker.memory.monitor-interval", "distributed.admin.low-level-log-length")
     seen = client2.run(lambda: [dask.config.get(k) for k in keys])
     assert len(seen) == 2
     assert all(values == [LOCAL_DASK_CONFIG[k] for k in keys] for values in seen.values())
@@ -179,6 +179,28 @@ def test_log_rows_bounds_the_history_kept_here_while_the_store_keeps_every_row(c
     steps = kept["step"][np.isfinite(kept["loss"])]
     assert steps[0] == stored["step"][0] and np.all(np.diff(steps) > 0)   # thinned, in order, from the start
     assert set(steps) <= set(stored["step"])
+
+
+def test_the_schedulers_stream_logs_keep_few_row_batches(client2, store):
+    """Dask's streams log the messages they sent (for debugging); on the local cluster that log is
+    short, so a long run logging every step does not pile its rows up in the scheduler's process."""
+    cfg = config(epochs=600)            # 13,800 rows in about 70 batches
+    cfg.metrics_every = 1
+    run = RemoteRun(cfg, store=store, client=client2).start()
+    assert run.join(JOIN) and run.status == "finished"
+
+    def rows_in_stream_logs(dask_scheduler):
+        rows = 0
+        for stream in dask_scheduler.client_comms.values():
+            for payload in stream.recent_message_log:
+                for msg in payload if isinstance(payload, list) else ():
+                    event = msg.get("event") if isinstance(msg, dict) else None
+                    if isinstance(event, tuple) and isinstance(event[1], dict):
+                        rows += len(event[1].get("rows", ()))
+        return rows
+
+    assert run.steps_done == 600 * 23
+    assert client2.run_on_scheduler(rows_in_stream_logs) < run.steps_done / 2    # (Dask's default: all)
 
 
 def test_run_on_a_worker_streams_rows_and_matches_in_process(client2, store):

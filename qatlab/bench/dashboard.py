@@ -247,6 +247,17 @@ def count_objects(top: int = 40) -> list:
     return sorted(counts.items(), key=lambda kv: -kv[1])[:top]
 
 
+def allocations(top: int = 40) -> list:
+    """Where this process's live memory was allocated (``[["file:line", bytes, blocks], ...]``, the
+    ``top`` largest), when tracemalloc traces (a server started with ``PYTHONTRACEMALLOC=1``); else []."""
+    import tracemalloc
+    if not tracemalloc.is_tracing():
+        return []
+    stats = tracemalloc.take_snapshot().statistics("lineno")[:top]
+    return [[f"{s.traceback[0].filename.rsplit('site-packages/', 1)[-1]}:{s.traceback[0].lineno}", s.size, s.count]
+            for s in stats]
+
+
 def _inspector_state(ids=None, config: bool = True) -> dict:
     """The server process's state; runs (see :class:`_RunTracker`) restricted to ``ids`` when given,
     configs only with ``config`` (the bench polls lightly while pages stream)."""
@@ -291,7 +302,8 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
 
     Meant for ``panel serve --setup``: it runs inside the server process and reads that
     process's runs, threads and Dashboards (``/state``; ``/sample?seconds=S``: the main thread's
-    stacks sampled, :func:`sample_main_thread`; ``/objects?top=N``: :func:`count_objects`). Read-only
+    stacks sampled, :func:`sample_main_thread`; ``/objects?top=N``: :func:`count_objects`;
+    ``/allocations?top=N``: :func:`allocations`). Read-only
     except ``/headless?epochs=N[&kind=cnn]``, which trains one headless STE comparison of
     :func:`bench_config` from there and returns its runs.
     """
@@ -312,6 +324,8 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
                     body = sample_main_thread(float(parse_qs(url.query)["seconds"][0]))
                 elif url.path == "/objects":
                     body = count_objects(int(parse_qs(url.query).get("top", ["40"])[0]))
+                elif url.path == "/allocations":
+                    body = allocations(int(parse_qs(url.query).get("top", ["40"])[0]))
                 elif url.path == "/headless":
                     query = parse_qs(url.query)
                     body = _inspector_headless(int(query["epochs"][0]), query.get("kind", ["digits"])[0])

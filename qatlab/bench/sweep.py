@@ -91,11 +91,10 @@ def warm_kinds() -> None:
 
 
 def _cluster(n: int):
-    from distributed import Client
-
     from ..executor import WarmWorker, local_cluster
+    from ..executor.cluster import local_client
     cluster = local_cluster(n)
-    client = Client(cluster, set_as_default=False, timeout="60s")
+    client = local_client(cluster, timeout="60s")
     client.register_plugin(WarmWorker(warm=True))
     client.wait_for_workers(n, timeout=120)
     for address in client.nthreads():

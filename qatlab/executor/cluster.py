@@ -23,7 +23,9 @@ MIN_LOCAL_WORKERS = 4
 #: scheduler, not behind a busy worker (so there is nothing to steal). The rest slow down housekeeping
 #: that only Dask's own dashboard needs (event-loop tick every 20 ms, psutil sampling every 0.5 s,
 #: nanny memory check every 0.1 s), which otherwise keeps the process that started the cluster (its
-#: scheduler and nannies run there: the dashboard's server) busy while nothing trains.
+#: scheduler and nannies run there: the dashboard's server) busy while nothing trains. Dask's debug
+#: logs keep their last 10 entries, not 1000: the scheduler's log of what it sent a client kept a
+#: run's last 1000 row batches in the server's memory (a client made by :func:`local_client`).
 LOCAL_DASK_CONFIG = {
     "distributed.scheduler.allowed-failures": 0,
     "distributed.scheduler.worker-saturation": 1.0,
@@ -31,6 +33,7 @@ LOCAL_DASK_CONFIG = {
     "distributed.admin.tick.interval": "500ms",
     "distributed.admin.system-monitor.interval": "2s",
     "distributed.worker.memory.monitor-interval": "1s",
+    "distributed.admin.low-level-log-length": 10,
 }
 CONNECT_TIMEOUT = "20s"
 #: The local cluster's worker processes run at this lower CPU priority (nice) than the process that
@@ -90,6 +93,15 @@ def local_cluster(n_workers: int | None = None):
                             scheduler_kwargs={"allowed_failures": 0, "dashboard_address": "127.0.0.1:0"})
 
 
+def local_client(cluster, **kwargs):
+    """A ``distributed.Client`` of a :func:`local_cluster`, made under :data:`LOCAL_DASK_CONFIG`: the
+    scheduler sets up its message stream to the client (and that stream's log) as it connects."""
+    import dask
+    from distributed import Client
+    with dask.config.set(LOCAL_DASK_CONFIG):
+        return Client(cluster, set_as_default=False, **kwargs)
+
+
 def _check_address(address) -> str | None:
     if address is None:
         address = os.environ.get(SCHEDULER_ENV, "").strip() or None
@@ -120,7 +132,7 @@ def connect(address: str | None = None, n_workers: int | None = None, warm: bool
         if address is None:
             if _cluster is None or _cluster.status.name != "running":
                 _cluster = local_cluster(n_workers)
-            client = Client(_cluster, set_as_default=False)
+            client = local_client(_cluster)
         else:
             client = Client(address, timeout=CONNECT_TIMEOUT, set_as_default=False)
         # the local cluster's workers yield the CPU to the process serving pages (and its browser)
