@@ -165,6 +165,7 @@ def test_local_cluster_settings_reach_its_scheduler_and_workers(client2):
     assert all(values == [LOCAL_DASK_CONFIG[k] for k in keys] for values in seen.values())
 
 
+@pytest.mark.slow
 def test_log_rows_bounds_the_history_kept_here_while_the_store_keeps_every_row(client2, store):
     cfg = config(epochs=3)
     cfg.metrics_every = 1
@@ -181,6 +182,7 @@ def test_log_rows_bounds_the_history_kept_here_while_the_store_keeps_every_row(c
     assert set(steps) <= set(stored["step"])
 
 
+@pytest.mark.slow
 def test_the_schedulers_stream_logs_keep_few_row_batches(client2, store):
     """Dask's streams log the messages they sent (for debugging); on the local cluster that log is
     short, so a long run logging every step does not pile its rows up in the scheduler's process."""
@@ -203,6 +205,7 @@ def test_the_schedulers_stream_logs_keep_few_row_batches(client2, store):
     assert client2.run_on_scheduler(rows_in_stream_logs) < run.steps_done / 2    # (Dask's default: all)
 
 
+@pytest.mark.slow
 def test_run_on_a_worker_streams_rows_and_matches_in_process(client2, store):
     cfg = config(epochs=150)
     assert all(client2.run(lambda: "qatlab" in sys.modules).values())     # WarmWorker imported it
