@@ -64,11 +64,10 @@ def force_split(monkeypatch):
 def _local_client(n_workers: int):
     """A Dask client on a new local cluster of ``n_workers`` one-thread worker processes (kernels not
     warmed), closed with its cluster when the generator ends."""
-    from distributed import Client
-
     from qatlab.executor import WarmWorker, local_cluster
+    from qatlab.executor.cluster import local_client
     cluster = local_cluster(n_workers)
-    client = Client(cluster, set_as_default=False, timeout="60s")
+    client = local_client(cluster, timeout="60s")
     client.register_plugin(WarmWorker(warm=False))
     yield client
     client.close(timeout=30)
@@ -79,6 +78,12 @@ def _local_client(n_workers: int):
 def client2():
     """A Dask client on a new local cluster of 2 one-thread worker processes."""
     yield from _local_client(2)
+
+
+@pytest.fixture(scope="module")
+def client4():
+    """A Dask client on a new local cluster of 4 one-thread worker processes."""
+    yield from _local_client(4)
 
 
 @pytest.fixture(scope="module")

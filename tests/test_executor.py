@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import qatlab as ql
-from qatlab.executor import RemoteRun, WarmWorker, connect, local_cluster
+from qatlab.executor import RemoteRun, connect, local_cluster
 from qatlab.executor.worker import check_data_here, topic
 
 TIME_COLUMNS = ("time", "steps_per_second")          # wall-clock columns: differ run to run
@@ -34,30 +34,6 @@ def config(epochs: int = 40, seed: int = 0, hidden=(256,)) -> ql.ExperimentConfi
     cfg = ql.ExperimentConfig()
     cfg.optim.epochs, cfg.optim.seed, cfg.model.hidden = epochs, seed, list(hidden)
     return cfg
-
-
-def _cluster_client(n_workers: int):
-    from qatlab.executor.cluster import local_client
-    cluster = local_cluster(n_workers)
-    client = local_client(cluster, timeout="60s")
-    client.register_plugin(WarmWorker(warm=False))   # (warming every worker would load the shared CPU)
-    return cluster, client
-
-
-@pytest.fixture(scope="module")
-def client2():
-    cluster, client = _cluster_client(2)
-    yield client
-    client.close(timeout=30)
-    cluster.close(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def client4():
-    cluster, client = _cluster_client(4)
-    yield client
-    client.close(timeout=30)
-    cluster.close(timeout=30)
 
 
 @pytest.fixture
