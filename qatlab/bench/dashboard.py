@@ -265,7 +265,6 @@ def _inspector_state(ids=None, config: bool = True) -> dict:
     dashboards = [{"key": id(d), "owner": d.owner, "closed": bool(d.closed), "streaming": bool(d.streaming)}
                   for d in list(ui.DASHBOARDS)] if ui is not None else []
     return {"time": time.time(), "rss": _rss_bytes(), "loop_cpu_s": loop_cpu_seconds(),
-            "gc_frozen": gc.get_freeze_count(),
             "cpu_s": process_cpu_seconds(), "runs": _TRACKER.dicts(ids, config),
             "threads": sorted(t.name for t in threading.enumerate()), "dashboards": dashboards}
 
@@ -303,7 +302,7 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
     Meant for ``panel serve --setup``: it runs inside the server process and reads that
     process's runs, threads and Dashboards (``/state``; ``/sample?seconds=S``: the main thread's
     stacks sampled, :func:`sample_main_thread`; ``/objects?top=N``: :func:`count_objects`;
-    ``/allocations?top=N``: :func:`allocations`). Read-only
+    ``/allocations?top=N``: :func:`allocations`; ``/gc``: the objects frozen at start-up). Read-only
     except ``/headless?epochs=N[&kind=cnn]``, which trains one headless STE comparison of
     :func:`bench_config` from there and returns its runs.
     """
@@ -326,6 +325,8 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
                     body = count_objects(int(parse_qs(url.query).get("top", ["40"])[0]))
                 elif url.path == "/allocations":
                     body = allocations(int(parse_qs(url.query).get("top", ["40"])[0]))
+                elif url.path == "/gc":         # (apart from /state: counting the frozen objects walks them all)
+                    body = {"frozen": gc.get_freeze_count()}
                 elif url.path == "/headless":
                     query = parse_qs(url.query)
                     body = _inspector_headless(int(query["epochs"][0]), query.get("kind", ["digits"])[0])

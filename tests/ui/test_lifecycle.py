@@ -390,7 +390,7 @@ def test_server_freezes_its_start_up_objects_for_the_garbage_collector(served):
     """``panel serve --warm`` freezes what it built before serving (modules, the cluster, the kernels),
     so the full collection Panel runs when a session ends scans only the sessions' objects."""
     server, _ = served
-    assert server.inspect()["gc_frozen"] > 50_000
+    assert server.inspect("/gc")["frozen"] > 50_000
 
 
 @pytest.mark.browser
