@@ -20,7 +20,7 @@ except ImportError:  # served from a plain checkout: the package sits next to ap
 
 from qatlab import warmup  # noqa: E402
 from qatlab.executor import connect  # noqa: E402
-from qatlab.ui import Dashboard, template_kwargs  # noqa: E402
+from qatlab.ui import Dashboard, LocalFast, template_kwargs  # noqa: E402
 
 # Compile the kernels of the first runs into Numba's disk cache once, then start the workers, which
 # load them from there. `panel serve --warm` (make serve) runs this file once before the server
@@ -35,7 +35,9 @@ if not pn.state.headers:
     gc.collect()
     gc.freeze()
 
-pn.extension("tabulator", notifications=True)
+# The page's components are made in the template's design: made in Panel's default one, each would
+# change its stylesheets on its first update, and Bokeh re-walks the whole document for that.
+pn.extension("tabulator", notifications=True, design=LocalFast)
 
 dashboard = Dashboard()
 pn.template.FastListTemplate(sidebar=[dashboard.sidebar], main=[dashboard.main], **template_kwargs()).servable()

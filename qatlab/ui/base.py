@@ -8,7 +8,8 @@ figures from the same sources (Bokeh cannot swap a live figure's scale type).
 
 In a server session a view with ``rebuild_steps`` (the STE comparison's six figures) builds one
 figure per event-loop turn and shows them in two steps, so other sessions' requests are answered
-in between. The time-series figures' ranges are fitted on the server once per tick
+in between; no piece starts within ``PRESS_QUIET_S`` of a button press on any page
+(:func:`note_press`), so presses are answered before figures are built. The time-series figures' ranges are fitted on the server once per tick
 (:meth:`LiveView.fit_ranges`).
 
 Per tick, all Bokeh events go to the browser as one message (``pn.io.hold``); status text
@@ -41,6 +42,20 @@ TEXT_PERIOD = 0.5  # seconds between updates of status/progress text (each updat
 _DONE = object()   # sentinel: the rebuild generator is exhausted
 MAX_PIECE_REST = 0.25   # seconds: the longest rest after one rebuild piece (see _rebuild_in_pieces)
 _active_builds = 0      # rebuilds in pieces under way in this process (all sessions)
+PRESS_QUIET_S = 0.3     # seconds after a button press (any page) before a rebuild piece may run
+_last_press = -float("inf")
+
+
+def note_press() -> None:
+    """Record a button press: rebuild pieces wait until presses have been quiet for PRESS_QUIET_S
+    (with several pages pressing at once, each press is answered before any page's figures are built)."""
+    global _last_press
+    _last_press = time.monotonic()
+
+
+async def _after_presses() -> None:
+    while (wait := _last_press + PRESS_QUIET_S - time.monotonic()) > 0:
+        await asyncio.sleep(wait)
 
 
 _turns: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = weakref.WeakKeyDictionary()
@@ -204,13 +219,15 @@ class LiveView(pn.viewable.Viewer):
         between: the server answers other requests and sessions meanwhile instead of after the
         whole rebuild (with several sessions pressing Compare at once, that would be seconds). The
         pieces of all sessions take turns (:func:`_build_turn`), so one event-loop turn runs one
-        piece, not one per rebuilding session. A newer rebuild request abandons this one."""
+        piece, not one per rebuilding session; none starts soon after a button press
+        (:func:`note_press`). A newer rebuild request abandons this one."""
         global _active_builds
         pieces = self.rebuild_steps()
         turn = _build_turn()
         _active_builds += 1
         try:
             while build_id == self._build_id:
+                await _after_presses()
                 async with turn:
                     if build_id != self._build_id or _page_closed(doc):   # nobody to show it to
                         return

@@ -32,6 +32,7 @@ import param
 
 from .. import data as qdata
 from ..config import ExperimentConfig, dashboard_config
+from .base import note_press
 from .data_source import NONE, DataFileChooser
 from .fields import Field, as_text, short_error, supported
 
@@ -128,7 +129,7 @@ class ConfigPanel(pn.viewable.Viewer):
                                       (self.compare_button, on_compare, True), (self.pause_button, on_pause, False),
                                       (self.resume_button, on_resume, False)):
             if handler is not None:
-                button.on_click(self._debounced(handler) if once else (lambda _e, h=handler: h()))
+                button.on_click(self._pressed(self._debounced(handler) if once else (lambda _e, h=handler: h())))
         self.problems: list[str] = []
         self._building = True
         self.fields: dict[str, Field] = {}
@@ -274,6 +275,14 @@ class ConfigPanel(pn.viewable.Viewer):
         self.dataset_card.visible = bool(self.dataset_card.object)
 
     # ---------------------------------------------------------------- buttons
+    @staticmethod
+    def _pressed(click):
+        """``click``, after noting the press (figures being built wait for presses: :func:`note_press`)."""
+        def noted(event):
+            note_press()
+            click(event)
+        return noted
+
     def _debounced(self, handler):
         """Click handler running ``handler`` once per press (not while one runs, not within DEBOUNCE_S after)."""
         def click(_event):

@@ -87,6 +87,14 @@ def _join_and_release(runs: list, timeout: float) -> None:
             run.release()
 
 
+def _per_ste_kind(cfg, group: str):
+    """``(kind, config, name)`` for each SteKind: ``cfg`` itself, its STE set to that kind just
+    before the run made from it copies it (no copy of its own)."""
+    for kind in SteKind:
+        cfg.quant.ste = kind.value
+        yield kind, cfg, f"{group} {kind.value}"
+
+
 def _session_id() -> str | None:
     doc = pn.state.curdoc
     ctx = getattr(doc, "session_context", None) if doc is not None else None
@@ -132,7 +140,9 @@ class Dashboard(pn.viewable.Viewer):
         self.sweeps = SweepView(config_source=self.config_panel.validated, owner=self.owner, store=self.store,
                                 client=client, **shared)
         self.views = [self.overview, self.ste, self.quant, self.phases, self.runs, self.sweeps]
-        self.tabs = pn.Tabs(*zip(TAB_NAMES, self.views), dynamic=True, sizing_mode="stretch_width",
+        # every tab is in the page from the start (hidden ones build their figures when shown): a switch
+        # sends one property, where a dynamic Tabs renders the tab on the server at each switch
+        self.tabs = pn.Tabs(*zip(TAB_NAMES, self.views), sizing_mode="stretch_width",
                             name="qatlab-tabs")
         self.views[0].set_active(True)
         self.tabs.param.watch(self._on_tab, "active")
@@ -162,8 +172,9 @@ class Dashboard(pn.viewable.Viewer):
         return self._client
 
     # ------------------------------------------------------------ actions
-    def _start(self, configs: dict, show) -> dict | None:
-        """Start one RemoteRun per ``{key: (config, name)}``, then ``show(runs)`` once they have ids.
+    def _start(self, configs, show) -> dict | None:
+        """Start one RemoteRun per ``(key, config, name)`` of ``configs``, then ``show(runs)`` once
+        they have ids (each run copies its config as it is made: one config may change between items).
         In a server session the starting (store and Dask calls) runs on a thread and ``show`` on the
         session's next tick, so the click is answered at once; elsewhere both happen now. The runs
         are this page's from the start (a close or Stop reaches them); when one is refused
@@ -171,7 +182,7 @@ class Dashboard(pn.viewable.Viewer):
         try:
             runs = {key: RemoteRun(cfg, name=name, owner=self.owner, keep_alive=self.config_panel.keep_alive.value,
                                    store=self.store, client=self._client, keep_model=False, log_rows=PAGE_LOG_ROWS)
-                    for key, (cfg, name) in configs.items()}
+                    for key, cfg, name in configs}
         except (ValueError, TypeError) as exc:
             self.config_panel.notify_error(str(exc))
             return None
@@ -217,7 +228,7 @@ class Dashboard(pn.viewable.Viewer):
         """``Start``: validate the sidebar config and start one run (None if it is refused; in a
         server session it starts in the background, :meth:`_start`)."""
         cfg = self.config_panel.validated()
-        runs = None if cfg is None else self._start({"run": (cfg, None)}, self._show_run)
+        runs = None if cfg is None else self._start([("run", cfg, None)], self._show_run)
         return None if runs is None else runs["run"]
 
     def _show_run(self, runs: dict) -> None:
@@ -229,11 +240,7 @@ class Dashboard(pn.viewable.Viewer):
         cfg = self.config_panel.validated()
         if cfg is None:
             return None
-        group, configs = f"cmp{next(_groups)}", {}
-        for kind in SteKind:
-            configs[kind] = (cfg.copy(), f"{group} {kind.value}")
-            configs[kind][0].quant.ste = kind.value
-        runs = self._start(configs, self._show_comparison)
+        runs = self._start(_per_ste_kind(cfg, f"cmp{next(_groups)}"), self._show_comparison)
         if runs is not None:
             self.tabs.active = 1
         return runs

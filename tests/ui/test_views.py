@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -592,6 +593,57 @@ def test_rebuild_pieces_rest_only_while_another_session_builds(monkeypatch, serv
         await asyncio.gather(scheduled[1](), scheduled[2]())
     asyncio.run(both())
     assert len(rests) >= 4 and all(0 < r <= base.MAX_PIECE_REST for r in rests) and base._active_builds == 0
+
+
+def test_rebuild_pieces_wait_until_button_presses_are_quiet(monkeypatch, server_doc):
+    """No piece is built within PRESS_QUIET_S of a button press (on any page): with several pages
+    pressing Compare at once, each press is answered before figures are built."""
+    import asyncio
+    import threading
+
+    from panel.io.state import set_curdoc
+    from qatlab.ui import base
+    view = comparison_view()
+    real_sleep, events, me = asyncio.sleep, [], threading.get_ident()
+
+    async def sleep(delay, *args):
+        if threading.get_ident() == me and delay:
+            events.append(("rest", delay))
+        await real_sleep(delay, *args)
+    monkeypatch.setattr(base.asyncio, "sleep", sleep)
+    steps = view.rebuild_steps
+
+    def counted_steps():
+        for piece in steps():
+            events.append(("piece", time.monotonic()))
+            yield piece
+    monkeypatch.setattr(view, "rebuild_steps", counted_steps)
+    doc, scheduled = server_doc()
+    with set_curdoc(doc):
+        view._shape = None
+        view.request_rebuild()
+    base.note_press()
+    pressed = time.monotonic()
+    asyncio.run(scheduled[0]())
+    pieces = [t for kind, t in events if kind == "piece"]
+    assert events[0][0] == "rest" and 0 < events[0][1] <= base.PRESS_QUIET_S
+    assert len(pieces) >= 2 and pieces[0] - pressed >= base.PRESS_QUIET_S - 0.01
+
+
+def test_every_sidebar_button_press_is_noted_for_the_rebuilds(monkeypatch):
+    from qatlab.ui import config_panel
+    presses = []
+    monkeypatch.setattr(config_panel, "note_press", lambda: presses.append(1))
+    dash = Dashboard(period=0)
+    dash.config_panel.stop_button.clicks += 1
+    dash.config_panel.pause_button.clicks += 1
+    assert len(presses) == 2
+
+
+def test_tabs_are_all_in_the_page_so_a_switch_sends_one_property():
+    """A dynamic Tabs would render the shown tab on the server at each switch."""
+    dash = Dashboard(period=0)
+    assert dash.tabs.dynamic is False and len(dash.tabs) == len(dash.views)
 
 
 def test_a_run_refused_by_the_memory_estimate_is_not_kept_and_the_page_says_why(monkeypatch):
