@@ -386,6 +386,21 @@ def test_locked_file_is_a_clear_error_within_the_timeout(tmp_path):
 
 # ----------------------------------------------------------------------------- processes
 
+def test_a_stores_id_version_and_tables_are_read_in_one_statement(tmp_path):
+    """One statement is one snapshot: read apart, a process could see another's new schema half
+    (no application id yet, tables already there) and refuse the store as foreign."""
+    from qatlab.store import schema
+    RunStore(str(tmp_path / "s.sqlite")).create_run(tiny())
+    conn = sqlite3.connect(str(tmp_path / "s.sqlite"))
+    statements = []
+    conn.set_trace_callback(statements.append)
+    assert schema._version(conn) == (APP_ID, SCHEMA_VERSION, conn.execute(
+        "SELECT count(*) FROM sqlite_master").fetchone()[0])
+    top_level = [st for st in statements if not st.startswith("--")]   # ("--": SQLite's own, nested)
+    assert len(top_level) == 2      # _version's one, and the count above
+    conn.close()
+
+
 def _writer(path: str, shared: str, tag: int, batches: int, ready, go) -> None:
     s = RunStore(path, timeout=20)
     own = s.create_run(tiny(), name=f"writer {tag}")

@@ -127,10 +127,11 @@ def _use_wal(conn, timeout: float) -> None:
 
 
 def _version(conn) -> tuple[int, int, int]:
-    app = conn.execute("PRAGMA application_id").fetchone()[0]
-    ver = conn.execute("PRAGMA user_version").fetchone()[0]
-    tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-    return app, ver, tables
+    """(application_id, user_version, tables), read in one statement: one snapshot of the file, so a
+    schema another process commits meanwhile is seen whole or not at all."""
+    return conn.execute("SELECT (SELECT application_id FROM pragma_application_id),"
+                        " (SELECT user_version FROM pragma_user_version),"
+                        " (SELECT count(*) FROM sqlite_master)").fetchone()
 
 
 def _ensure_schema(conn, path: str) -> None:
