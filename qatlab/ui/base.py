@@ -9,8 +9,8 @@ figures from the same sources (Bokeh cannot swap a live figure's scale type).
 In a server session a view with ``rebuild_steps`` (the STE comparison's six figures) builds one
 figure per event-loop turn and shows them in two steps, so other sessions' requests are answered
 in between; no piece starts within ``PRESS_QUIET_S`` of a button press on any page
-(:func:`note_press`), so presses are answered before figures are built. The time-series figures' ranges are fitted on the server once per tick
-(:meth:`LiveView.fit_ranges`).
+(:func:`note_press`), so presses are answered before figures are built. The time-series figures'
+ranges are fitted on the server once per tick (:meth:`LiveView.fit_ranges`).
 
 Per tick, all Bokeh events go to the browser as one message (``pn.io.hold``); status text
 is throttled to about 2 Hz (:class:`Throttle`).

@@ -216,9 +216,11 @@ def test_phase_run_timeline_legend_outside_and_titles_clear(dash):
               "the phase fields shown")
     start_and_wait(dash)
     dash.tab("Phases")
-    _wait_for(lambda: len(figures(dash)) >= 4, 10, "the four phase figures")
+    phase_figures = {"fig-phase-timeline", "fig-phase-backward", "fig-phase-pred", "fig-phase-lengths"}
+    # (every tab is in the page: the other tabs' figures are there too)
+    _wait_for(lambda: phase_figures <= {f["name"] for f in figures(dash)}, 10, "the four phase figures")
     figs = {f["name"]: f for f in settled_figures(dash, "Phases")}
-    assert {"fig-phase-timeline", "fig-phase-backward", "fig-phase-pred", "fig-phase-lengths"} <= set(figs)
+    assert phase_figures <= set(figs)
     tl = figs["fig-phase-timeline"]
     fl, ft, fr, fb = tl["frame"]
     for legend in tl["legends"]:
