@@ -646,6 +646,29 @@ def test_tabs_are_all_in_the_page_so_a_switch_sends_one_property():
     assert dash.tabs.dynamic is False and len(dash.tabs) == len(dash.views)
 
 
+def test_a_press_on_one_page_changes_nothing_in_another_pages_document():
+    """Panel's template busy indicator follows one process-wide flag: every event of any page would
+    update every open page's spinner. The app's template has none."""
+    from bokeh.document import Document
+    from bokeh.events import ButtonClick
+    from panel.io.state import set_curdoc
+    from qatlab.ui import template_kwargs
+    pages = []
+    for _ in range(2):
+        doc = Document()
+        with set_curdoc(doc):
+            dash = Dashboard(period=0)
+            pn.template.FastListTemplate(sidebar=[dash.sidebar], main=[dash.main], **template_kwargs()).server_doc(doc)
+        pages.append((doc, dash))
+    (doc_a, dash_a), (doc_b, _) = pages
+    changed = []
+    doc_b.on_change(lambda event: changed.append(event))
+    button = dash_a.config_panel.stop_button
+    model = next(iter(button._models.values()))[0]
+    button._process_bokeh_event(doc_a, ButtonClick(model))
+    assert button.clicks == 1 and changed == []
+
+
 def test_a_run_refused_by_the_memory_estimate_is_not_kept_and_the_page_says_why(monkeypatch):
     monkeypatch.setenv("QATLAB_MEMORY_BUDGET", "1K")
     dash = Dashboard(period=0)
