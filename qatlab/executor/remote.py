@@ -26,8 +26,8 @@ from ..config import ExperimentConfig
 from ..metrics import DEFAULT_CAPACITY, MetricsLog
 from ..progress import RunProgress
 from . import cluster
-from .worker import (WEIGHTS_SECONDS, WorkerLost, control_name, drop_received_rows, forget_topic, run_on_worker,
-                     topic, unpack_weights, weights_name)
+from .worker import (WEIGHTS_SECONDS, WorkerLost, control_name, drop_received_rows, forget_topics, run_on_worker,
+                     run_topics, topic, unpack_weights, weights_name)
 
 log = logging.getLogger(__name__)
 
@@ -527,11 +527,11 @@ class RemoteRun(RunProgress):
             return
         from distributed import Variable
         for step in (lambda: client.unsubscribe_topic(topic(run_id)),
-                     lambda: client.run_on_scheduler(forget_topic, name=topic(run_id)),
                      self._control.delete,
                      *([lambda: Variable(weights_name(run_id), client=client).delete()]
                        if self._weights_published or self._weights_packed else []),
-                     *([self._future.release] if self._future is not None else [])):
+                     *([self._future.release] if self._future is not None else []),
+                     lambda: client.run_on_scheduler(forget_topics, names=run_topics(run_id))):
             try:
                 step()
             except Exception:       # a closed client or scheduler: nothing left to forget

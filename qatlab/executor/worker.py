@@ -241,7 +241,7 @@ def drop_received_rows(dask_scheduler, name: str, received: int) -> None:
     ``received`` (the client has them), keeping the other events: the first-start check reads the
     "start" one. Dask keeps up to 1000 events per topic, so a run logging every step would
     otherwise hold all its rows there (run with ``Client.run_on_scheduler``; private, as in
-    :func:`forget_topic`)."""
+    :func:`forget_topics`)."""
     held = dask_scheduler._broker._topics.get(name)
     if held is None:
         return
@@ -254,12 +254,19 @@ def _rows_below(msg, received: int) -> bool:
     return isinstance(msg, dict) and msg.get("kind") == "rows" and msg["seq"] + len(msg["rows"]) <= received
 
 
-def forget_topic(dask_scheduler, name: str) -> None:
-    """Drop a finished run's events, and its topic once nobody subscribes, from the scheduler's memory
+def run_topics(run_id: str) -> list[str]:
+    """Every scheduler topic a run makes: its rows, and the one Dask logs each of its Variables'
+    removal on (a Variable is a client to the scheduler)."""
+    return [topic(run_id), f"variable-{control_name(run_id)}", f"variable-{weights_name(run_id)}"]
+
+
+def forget_topics(dask_scheduler, names: list[str]) -> None:
+    """Drop a finished run's events, and each topic once nobody subscribes, from the scheduler's memory
     (run with ``Client.run_on_scheduler``; Dask has no public call for it, so the client treats a
     failure here as harmless)."""
     broker = dask_scheduler._broker
-    broker.truncate(name)
-    held = broker._topics.get(name)
-    if held is not None and not held.subscribers:
-        del broker._topics[name]
+    for name in names:
+        broker.truncate(name)
+        held = broker._topics.get(name)
+        if held is not None and not held.subscribers:
+            del broker._topics[name]
