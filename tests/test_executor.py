@@ -162,8 +162,8 @@ def test_log_rows_bounds_the_history_kept_here_while_the_store_keeps_every_row(c
 def test_the_schedulers_stream_logs_keep_few_row_batches(client2, store):
     """Dask's streams log the messages they sent (for debugging); on the local cluster that log is
     short, so a long run logging every step does not pile its rows up in the scheduler's process."""
-    cfg = config(epochs=600)            # 13,800 rows in about 70 batches
-    cfg.metrics_every = 1
+    cfg = config(epochs=2400)           # 55,200 rows in about 280 batches (the log's 10 messages may
+    cfg.metrics_every = 1               # each carry a few batches when the client reads late)
     run = RemoteRun(cfg, store=store, client=client2).start()
     assert run.join(JOIN) and run.status == "finished"
 
@@ -177,7 +177,7 @@ def test_the_schedulers_stream_logs_keep_few_row_batches(client2, store):
                         rows += len(event[1].get("rows", ()))
         return rows
 
-    assert run.steps_done == 600 * 23
+    assert run.steps_done == 2400 * 23
     assert client2.run_on_scheduler(rows_in_stream_logs) < run.steps_done / 2    # (Dask's default: all)
 
 

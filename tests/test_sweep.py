@@ -263,7 +263,7 @@ def test_a_diverged_run_is_counted_not_averaged(client2, store):
 
 @pytest.mark.slow
 def test_median_rule_prunes_a_plainly_bad_point(client2, store):
-    cfg = base(epochs=100)          # runs of a second or more: the rule acts before they end
+    cfg = base(epochs=800)          # runs of a second or more: the rule acts before they end
     # one good point among two that barely learn: whatever the timing, a good run's references hold at
     # least as many bad runs as good ones, so the median it is held to is bad (or halfway)
     result = Sweep(cfg, grid={"optim.lr": [1e-2, 1e-7, 1e-6]}, seeds=[0, 1], name="prune",
