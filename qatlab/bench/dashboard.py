@@ -66,6 +66,7 @@ import sys
 import threading
 import time
 
+from . import bokeh_path
 from .browser import (INSPECT_ENV, VIEWPORT, AppServer, DashboardPage, browser_unavailable, http_status,
                       launch_chromium, wait_until)
 from .kit import BenchOptions, Column, Goal, SuiteNotAvailable, SuiteResult, Table, suite
@@ -302,7 +303,8 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
     Meant for ``panel serve --setup``: it runs inside the server process and reads that
     process's runs, threads and Dashboards (``/state``; ``/sample?seconds=S``: the main thread's
     stacks sampled, :func:`sample_main_thread`; ``/objects?top=N``: :func:`count_objects`;
-    ``/allocations?top=N``: :func:`allocations`; ``/gc``: the objects frozen at start-up). Read-only
+    ``/allocations?top=N``: :func:`allocations`; ``/gc``: the objects frozen at start-up;
+    ``/patches``: the document patches Bokeh sent outside Panel's write queue, :mod:`.bokeh_path`). Read-only
     except ``/headless?epochs=N[&kind=cnn]``, which trains one headless STE comparison of
     :func:`bench_config` from there and returns its runs.
     """
@@ -310,6 +312,7 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
     from urllib.parse import parse_qs, urlsplit
 
     port = int(port or os.environ[INSPECT_ENV])
+    bokeh_path.install()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server API
@@ -327,6 +330,8 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
                     body = allocations(int(parse_qs(url.query).get("top", ["40"])[0]))
                 elif url.path == "/gc":         # (apart from /state: counting the frozen objects walks them all)
                     body = {"frozen": gc.get_freeze_count()}
+                elif url.path == "/patches":
+                    body = bokeh_path.report()
                 elif url.path == "/headless":
                     query = parse_qs(url.query)
                     body = _inspector_headless(int(query["epochs"][0]), query.get("kind", ["digits"])[0])

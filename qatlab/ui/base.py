@@ -75,6 +75,21 @@ def _build_turn() -> asyncio.Lock:
     return lock
 
 
+def one_message(callback):
+    """Decorate a callback Panel or Bokeh calls (a watcher, a click, a tab switch, a next-tick call) so
+    all the Bokeh events it makes go to the page as one message on Panel's write queue (``pn.io.hold``).
+
+    Panel runs a served page's callbacks without a hold: its own widget updates go out on its write
+    queue, but a Bokeh model edited directly (a source, a range) goes out on Bokeh's path, which can
+    overtake a message Panel queued before it. The browser then meets a model it has not been sent
+    yet ("reference ... isn't known") and drops that update. Inside a hold this is a no-op."""
+    @functools.wraps(callback)
+    def held(*args, **kwargs):
+        with pn.io.hold():
+            return callback(*args, **kwargs)
+    return held
+
+
 class Throttle:
     """``ready()`` is True at most once per ``period`` seconds (or when forced)."""
 
@@ -198,6 +213,7 @@ class LiveView(pn.viewable.Viewer):
     def _on_layout_option(self, *_events) -> None:
         self.request_rebuild()
 
+    @one_message
     def request_rebuild(self) -> None:
         """Rebuild if the view is active, else when it next becomes active. Views with
         ``rebuild_steps`` rebuild in pieces in a server session (:meth:`_rebuild_in_pieces`),
@@ -232,7 +248,7 @@ class LiveView(pn.viewable.Viewer):
                     if build_id != self._build_id or _page_closed(doc):   # nobody to show it to
                         return
                     start = time.perf_counter()
-                    with set_curdoc(doc):
+                    with set_curdoc(doc), pn.io.hold():     # one message (see one_message)
                         if next(pieces, _DONE) is _DONE:
                             return
                     if _active_builds > 1:

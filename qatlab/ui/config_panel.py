@@ -32,7 +32,7 @@ import param
 
 from .. import data as qdata
 from ..config import ExperimentConfig, dashboard_config
-from .base import note_press
+from .base import note_press, one_message
 from .data_source import NONE, DataFileChooser
 from .fields import Field, as_text, short_error, supported
 
@@ -277,7 +277,9 @@ class ConfigPanel(pn.viewable.Viewer):
     # ---------------------------------------------------------------- buttons
     @staticmethod
     def _pressed(click):
-        """``click``, after noting the press (figures being built wait for presses: :func:`note_press`)."""
+        """``click``, after noting the press (figures being built wait for presses: :func:`note_press`),
+        its page updates sent as one message (:func:`one_message`)."""
+        @one_message
         def noted(event):
             note_press()
             click(event)

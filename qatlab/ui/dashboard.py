@@ -39,7 +39,7 @@ from ..config import SteKind
 from ..executor import cluster
 from ..executor.remote import RemoteRun, active_runs, default_store
 from . import internals
-from .base import PERIOD_MS, PageWatch, PlotOptions, in_server_session, periodic_callback, streaming_tick
+from .base import PERIOD_MS, PageWatch, PlotOptions, in_server_session, one_message, periodic_callback, streaming_tick
 from .config_panel import ConfigPanel
 from .phase_view import PhaseView
 from .quant_view import QuantView
@@ -71,7 +71,7 @@ def on_next_tick(doc, fn, *args) -> None:
         return
 
     def call():
-        with set_curdoc(doc):
+        with set_curdoc(doc), pn.io.hold():     # one message (see base.one_message)
             fn(*args)
 
     try:
@@ -278,6 +278,7 @@ class Dashboard(pn.viewable.Viewer):
         """Runs of this process whose rows arrive here: every page's active ones, and this page's."""
         return list({id(r): r for r in [*active_runs(), *self._started]}.values())
 
+    @one_message
     def _on_tab(self, event) -> None:
         for i, view in enumerate(self.views):
             view.set_active(i == event.new)
@@ -286,11 +287,13 @@ class Dashboard(pn.viewable.Viewer):
         view.refresh()
         view.fit_ranges()
 
+    @one_message
     def _on_current(self, event) -> None:
         for view in (self.overview, self.quant, self.phases):
             view.run = event.new
         self._forget_unshown()
 
+    @one_message
     def _on_comparison(self, event) -> None:
         self.ste.runs = event.new
         self._forget_unshown()

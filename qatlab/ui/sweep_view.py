@@ -35,7 +35,7 @@ from ..sweep import Sweep, SweepResult, config_diff
 from ..sweep.runner import EndedRun
 from . import figures as F
 from . import sweep_charts as C
-from .base import LiveView, Throttle, bokeh_pane, in_server_session
+from .base import LiveView, Throttle, bokeh_pane, in_server_session, one_message
 from .sweep_form import axes_text, parse_axes, parse_seeds, ste_grid
 from .tables import patch_and_stream
 
@@ -546,6 +546,7 @@ class SweepView(LiveView):
 
     # ------------------------------------------------------------------ charts
 
+    @one_message
     def _redraw_charts(self) -> None:
         rows, axes, metric = self.rows, self.axes, self.metric_select.value
         if not rows or not axes:
@@ -603,6 +604,7 @@ class SweepView(LiveView):
             self._set_selection(sorted({i for c in new if 0 <= c < len(self.cell_members)
                                         for i in self.cell_members[c]}))
 
+    @one_message
     def _set_selection(self, indices) -> None:
         indices = sorted({int(i) for i in indices if 0 <= int(i) < len(self.rows)})
         self._syncing = True

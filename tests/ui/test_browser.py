@@ -361,3 +361,10 @@ def test_server_log_has_no_traceback_or_error(app_server):
     bad = [i for i, line in enumerate(lines) if LOG_PROBLEM.search(line)]
     context = "\n---\n".join("\n".join(lines[max(0, i - 2): i + 12]) for i in bad[:3])
     assert not bad, f"{len(bad)} Traceback/ERROR lines in {app_server.log_path}:\n{context}"
+
+
+def test_every_page_update_went_through_panels_write_queue(app_server):
+    """No document patch went out on Bokeh's own path, where it can overtake a message Panel queued
+    and refer to a model the browser has not been sent yet (:mod:`qatlab.bench.bokeh_path`)."""
+    sent = app_server.inspect("/patches")
+    assert sent["count"] == 0, sent

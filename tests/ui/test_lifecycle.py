@@ -199,13 +199,17 @@ def test_stop_reaches_a_run_that_starts_in_the_background(client2):
 
     from qatlab.ui import dashboard as D
 
-    class _Doc:                    # a session's document: its next-tick callbacks run when the test says
+    from bokeh.document import Document
+
+    class _Doc(Document):          # a session's document: its next-tick callbacks run when the test says
         def __init__(self):
-            self.callbacks = []
-            self.session_context = SimpleNamespace(request=SimpleNamespace(arguments={}), id="s")
+            super().__init__()
+            self.next_tick = []
+            context = SimpleNamespace(request=SimpleNamespace(arguments={}), id="s")
+            self._session_context = lambda: context
 
         def add_next_tick_callback(self, fn):
-            self.callbacks.append(fn)
+            self.next_tick.append(fn)
 
     dash, doc = Dashboard(config=long_config(), period=0, client=client2), _Doc()
     with set_curdoc(doc):
@@ -214,8 +218,8 @@ def test_stop_reaches_a_run_that_starts_in_the_background(client2):
         assert run.id in (None, "starting") or run.status == "created"     # (the thread starts it)
         dash.stop()
     assert _wait(lambda: run.done, STOP_SECONDS) and run.status == "stopped"
-    assert _wait(lambda: doc.callbacks, 10)
-    for callback in doc.callbacks:                 # the page shows it, unless it never got an id
+    assert _wait(lambda: doc.next_tick, 10)
+    for callback in doc.next_tick:                 # the page shows it, unless it never got an id
         callback()
     assert (dash.current is run) == (run.id is not None)
     dash.close()
@@ -452,3 +456,5 @@ def test_browser_six_pages_churned_then_closed_free_threads_and_the_log_stays_cl
     log = server.log_path.read_text(errors="replace")
     for bad in ("Traceback", "AssertionError", "not in list", "Error running"):
         assert bad not in log, log[-4000:]
+    sent = server.inspect("/patches")    # every page's updates on Panel's write queue (bench.bokeh_path)
+    assert sent["count"] == 0, sent

@@ -32,7 +32,7 @@ _JS_STATE = """() => {
 def sweep_server(chromium, tmp_path_factory):
     """``panel serve app/`` on a temporary run store (``QATLAB_STORE``), killed at teardown."""
     store = tmp_path_factory.mktemp("store") / "runs.sqlite"
-    server = AppServer(root=ROOT)
+    server = AppServer(root=ROOT, inspect=True)
     with pytest.MonkeyPatch.context() as mp:          # the server process inherits it
         mp.setenv("QATLAB_STORE", str(store))
         try:
@@ -87,5 +87,7 @@ def test_define_start_fill_and_select_in_the_sweeps_tab(chromium, sweep_server):
         dash.click("Open these runs")
         wait_for(lambda: dash.model_names("fig-sweep-loss") == ["fig-sweep-loss"], 20, "the run's curves")
         assert dash.console_errors == []
+        sent = sweep_server.inspect("/patches")      # every update on Panel's write queue (bokeh_path)
+        assert sent["count"] == 0, sent
     finally:
         context.close()
