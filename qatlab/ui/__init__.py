@@ -37,6 +37,10 @@ factories), :mod:`~qatlab.ui.ranges` (server-fitted axis ranges), :mod:`~qatlab.
 (every use of private Panel/Bokeh internals, behind ``QATLAB_PANEL_INTERNALS``),
 :mod:`~qatlab.ui.theme` (air-gapped template).
 
+Every callback that changes the page runs under ``pn.io.hold`` (:func:`~qatlab.ui.base.one_message`),
+so its updates go out as one message on Panel's write queue, never on Bokeh's own path, which
+can overtake Panel's queue (the browser tests check no patch went that way).
+
 Run ids are the run store's (``RemoteRun.id``). Tabs are ``Overview``, ``STE comparison``,
 ``Quantization``, ``Phases``, ``Runs``, ``Sweeps``; a tab's figures are built and enter the page
 when the tab is opened, and only the open tab's runs are streamed.
