@@ -139,6 +139,9 @@ def test_local_cluster_settings_reach_its_scheduler_and_workers(client2):
     seen = client2.run(lambda: [dask.config.get(k) for k in keys])
     assert len(seen) == 2
     assert all(values == [LOCAL_DASK_CONFIG[k] for k in keys] for values in seen.values())
+    # the scheduler's own log keeps few records; a leaving client's events are dropped after a minute
+    assert client2.run_on_scheduler(lambda dask_scheduler: dask_scheduler._deque_handler.deque.maxlen) == 100
+    assert dask.config.get("distributed.scheduler.events-cleanup-delay") == "60s"
 
 
 @pytest.mark.slow

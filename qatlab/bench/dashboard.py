@@ -167,16 +167,25 @@ class _RunTracker:
                 continue
             if run.join(0):                     # ended and its result stored: freeze its dict
                 d = _run_dict(run, config=True)
+                d["config"] = json.dumps(d["config"])     # as text: a fifth of the nested dict's bytes
                 with self._lock:
                     self._live.pop(rid, None)
                     self._ended[rid] = d
-                out.append(d if config else {k: v for k, v in d.items() if k != "config"})
+                out.append(_served(d, config))
             else:
                 out.append(_run_dict(run, config))
         for rid, d in ended.items():
             if ids is None or rid in ids:
-                out.append(d if config else {k: v for k, v in d.items() if k != "config"})
+                out.append(_served(d, config))
         return out
+
+
+def _served(ended: dict, config: bool) -> dict:
+    """An ended run's frozen dict as the inspector serves it: its config decoded, or left out."""
+    out = {k: v for k, v in ended.items() if k != "config"}
+    if config:
+        out["config"] = json.loads(ended["config"])
+    return out
 
 
 _TRACKER = _RunTracker()

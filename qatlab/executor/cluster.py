@@ -25,7 +25,8 @@ MIN_LOCAL_WORKERS = 4
 #: nanny memory check every 0.1 s), which otherwise keeps the process that started the cluster (its
 #: scheduler and nannies run there: the dashboard's server) busy while nothing trains. Dask's debug
 #: logs keep their last 10 entries, not 1000: the scheduler's log of what it sent a client kept a
-#: run's last 1000 row batches in the server's memory (a client made by :func:`local_client`).
+#: run's last 1000 row batches in the server's memory (a client made by :func:`local_client`). Its
+#: own logs keep their last 100 records, not 10,000 (a few per run, kept for good in a long-lived server).
 LOCAL_DASK_CONFIG = {
     "distributed.scheduler.allowed-failures": 0,
     "distributed.scheduler.worker-saturation": 1.0,
@@ -34,7 +35,12 @@ LOCAL_DASK_CONFIG = {
     "distributed.admin.system-monitor.interval": "2s",
     "distributed.worker.memory.monitor-interval": "1s",
     "distributed.admin.low-level-log-length": 10,
+    "distributed.admin.log-length": 100,
 }
+#: Set process-wide where the local scheduler runs (Dask reads it each time a client leaves, not when
+#: the scheduler starts): each run's two Variables leave as scheduler clients, and Dask keeps a task
+#: per leaving client until this delay has passed, an hour by default (two pending tasks per run).
+LOCAL_SCHEDULER_PROCESS_CONFIG = {"distributed.scheduler.events-cleanup-delay": "60s"}
 CONNECT_TIMEOUT = "20s"
 #: The local cluster's worker processes run at this lower CPU priority (nice) than the process that
 #: started them: a machine that serves the dashboard and trains answers its pages first.
@@ -83,10 +89,12 @@ def _check_workers(n_workers) -> int:
 def local_cluster(n_workers: int | None = None):
     """A new LocalCluster: ``n_workers`` (default: the cores, at least :data:`MIN_LOCAL_WORKERS`)
     worker processes of one thread on 127.0.0.1, no dashboard, with :data:`LOCAL_DASK_CONFIG` (no task
-    retried, a task queued on the scheduler until a worker is free). The caller closes it."""
+    retried, a task queued on the scheduler until a worker is free) and, in this process for good,
+    :data:`LOCAL_SCHEDULER_PROCESS_CONFIG`. The caller closes it."""
     n = _check_workers(n_workers)
     import dask
     from distributed import LocalCluster
+    dask.config.set(LOCAL_SCHEDULER_PROCESS_CONFIG)
     with dask.config.set(LOCAL_DASK_CONFIG):
         return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
                             dashboard_address=None,   # no Bokeh dashboard; its plain HTTP routes on a free loopback port

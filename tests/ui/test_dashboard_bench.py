@@ -136,7 +136,9 @@ def test_run_tracker_follows_the_pages_runs_and_forgets_ended_objects(monkeypatc
     assert {r["id"]: r["status"] for r in tracker.dicts()}["b"] == "finished"
     assert "b" not in tracker._live and tracker._ended["b"]["finished_at"] == 2.0
     b.status = "changed after"                              # a frozen dict does not follow the object
-    assert {r["id"]: r["status"] for r in tracker.dicts()}["b"] == "finished"
+    frozen = {r["id"]: r for r in tracker.dicts()}["b"]
+    assert frozen["status"] == "finished" and frozen["config"] == b.config.to_dict()   # (kept as JSON text)
+    assert "config" not in tracker.dicts(ids={"b"}, config=False)[0]
 
 
 @pytest.mark.slow
