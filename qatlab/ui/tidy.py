@@ -4,9 +4,9 @@ Every Start builds the shown tab's figures anew. The old Bokeh models refer to e
 are cyclic garbage, which CPython frees only at a full collection; a server that makes few new
 objects reaches one rarely (Panel runs one when a session ends, not while a page stays open). And
 glibc keeps freed heap pages mapped. A view marks the process when it drops figures
-(:func:`note_garbage`); the server's loop (:func:`start`) then runs one full collection and
-glibc's ``malloc_trim`` at most once per :data:`PERIOD_S` (a collection holds the loop for tens
-of milliseconds, so never on every Start).
+(:func:`note_garbage`); the server's loop (:func:`start`) then runs one full collection at most
+once per :data:`PERIOD_S` (a collection holds the loop for tens of milliseconds, so never on every
+Start), and glibc's ``malloc_trim`` every :data:`PERIOD_S`.
 """
 from __future__ import annotations
 
@@ -29,14 +29,16 @@ def note_garbage() -> None:
 
 
 def tidy_if_needed() -> bool:
-    """One full collection and a heap trim if garbage was noted since the last; True if it ran."""
+    """A full collection if garbage was noted since the last (True if it ran), then a heap trim
+    either way (freed memory goes back to the system, not only after a rebuild: a long run's rows
+    pass through the heap too)."""
     global _dirty
-    if not _dirty:
-        return False
-    _dirty = False
-    gc.collect()
+    collected = _dirty
+    if collected:
+        _dirty = False
+        gc.collect()
     trim_heap()
-    return True
+    return collected
 
 
 def _malloc_trim():
