@@ -20,7 +20,7 @@ except ImportError:  # served from a plain checkout: the package sits next to ap
 
 from qatlab import warmup  # noqa: E402
 from qatlab.executor import connect  # noqa: E402
-from qatlab.ui import Dashboard, LocalFast, template_kwargs, tidy  # noqa: E402
+from qatlab.ui import Dashboard, LocalFast, template_kwargs  # noqa: E402
 
 # Compile the kernels of the first runs into Numba's disk cache once, then start the workers, which
 # load them from there. `panel serve --warm` (make serve) runs this file once before the server
@@ -40,5 +40,4 @@ if not pn.state.headers:
 pn.extension("tabulator", notifications=True, design=LocalFast)
 
 dashboard = Dashboard()
-tidy.start()    # the server collects the figures pages drop and trims its heap (qatlab.ui.tidy)
 pn.template.FastListTemplate(sidebar=[dashboard.sidebar], main=[dashboard.main], **template_kwargs()).servable()

@@ -31,7 +31,7 @@ import panel as pn
 import param
 from panel.io.state import set_curdoc
 
-from . import internals, tidy
+from . import internals
 from .ranges import RangeFitter
 from .streaming import StreamHub
 
@@ -223,7 +223,6 @@ class LiveView(pn.viewable.Viewer):
             return
         self._stale = False
         self._build_id += 1
-        tidy.note_garbage()         # the figures this rebuild replaces
         doc = pn.state.curdoc
         if self.rebuild_steps is not None and in_server_session():
             self._building = True
