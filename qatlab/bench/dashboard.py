@@ -167,7 +167,7 @@ class _RunTracker:
                 continue
             if run.join(0):                     # ended and its result stored: freeze its dict
                 d = _run_dict(run, config=True)
-                d["config"] = json.dumps(d["config"])     # as text: a fifth of the nested dict's bytes
+                d["config"] = json.dumps(d["config"])     # as text: a sixth of the nested dict's bytes
                 with self._lock:
                     self._live.pop(rid, None)
                     self._ended[rid] = d
