@@ -13,6 +13,10 @@ one run, or the four runs of an STE comparison.
 - ``fig-accuracy``: ``test-accuracy-<run id>`` and ``train-accuracy-<run id>``;
 - ``fig-speedup`` (phase runs): ``speedup-steps-<run id>``, ``speedup-wall-<run id>``.
 
+A new run drawn the same way as the last one (same x axis, y scale and phase training on or off)
+keeps the figures: their lines move to the new run's sources and names (:func:`stream_bindings`),
+so a Start builds no figure (for the server, the browser and the heap, the costliest part of it).
+
 Status and message are shown in an alert (CSS class ``qatlab-run-alert``); a failed
 run shows only the last line of its error, never a traceback.
 """
@@ -114,6 +118,25 @@ class RunStatus(pn.viewable.Viewer):
         return self._layout
 
 
+def stream_bindings(figures, rs) -> list[tuple]:
+    """``(renderer, RunStream source attribute, name template)`` of every renderer of ``figures``
+    drawn from one of ``rs``'s sources; the template has ``{}`` where the name has the run id."""
+    attrs = {id(getattr(rs, a)): a for a in ("loss", "train", "eval", "phases")}
+    out = []
+    for fig in figures:
+        for r in fig.renderers:
+            attr = attrs.get(id(getattr(r, "data_source", None)))
+            if attr is not None:
+                out.append((r, attr, (r.name or "").replace(rs.run.id, "{}")))
+    return out
+
+
+def rebind(bindings: list[tuple], rs) -> None:
+    """Point each renderer of :func:`stream_bindings` at the same source of ``rs`` and name it after its run."""
+    for renderer, attr, template in bindings:
+        renderer.update(data_source=getattr(rs, attr), name=template.format(rs.run.id))
+
+
 class RunView(LiveView):
     """Overview tab: live loss/accuracy/speedup of one run, with its status."""
 
@@ -122,6 +145,8 @@ class RunView(LiveView):
     def __init__(self, run: RunProgress | None = None, hub=None, options=None, lazy: bool = False, **params):
         super().__init__(hub, options, lazy, **params)
         self.figures: dict = {}
+        self._shape = None           # what the figures were built for: (x field, log y, phase training)
+        self._bindings: list = []    # stream_bindings() of the figures
         self._text_throttle = Throttle()
         self.alert = pn.pane.Alert("No run yet: set up an experiment in the sidebar and press **Start**.",
                                    alert_type="light", css_classes=["qatlab-run-alert"],
@@ -133,13 +158,26 @@ class RunView(LiveView):
         self.follow_run(run)
 
     def rebuild(self) -> None:
-        """(Re)create the figures for the current run and plot options."""
-        self.figures = {}
+        """Show the current run: the same figures moved to its sources when they were built for the
+        same plot options and kind of run, else new figures."""
         run = self.run
         if run is None:
+            self.figures, self._shape, self._bindings = {}, None, []
             self._plots.objects = []
             return
         rs = self.hub.stream(run)
+        shape = (self.x_field, self.options.log_y, run.config.phase.enabled)
+        if self.figures and shape == self._shape:
+            rebind(self._bindings, rs)
+            self.figures["loss"].title.text = f"Loss · {run.name}"
+            self.drop_fitter()               # the ranges fit the new run's data from scratch
+        else:
+            self._build(run, rs)
+            self._shape, self._bindings = shape, stream_bindings(self.figures.values(), rs)
+        self.refresh(force=True)
+
+    def _build(self, run, rs) -> None:
+        """New figures for ``run`` (and their panes in the layout)."""
         x, rid, xr, y_log = self.x_field, run.id, F.shared_x_range(), self.options.log_y
         phased = run.config.phase.enabled
 
@@ -180,7 +218,6 @@ class RunView(LiveView):
                                     "**Phase training** in the sidebar.*", margin=(0, 10))
             panes = [bokeh_pane(loss), bokeh_pane(acc), note]
         self._plots.objects = panes
-        self.refresh(force=True)
 
     def shown_runs(self) -> list:
         return [self.run] if self.run is not None else []

@@ -262,6 +262,43 @@ def test_run_view_renderers_log_scale_and_time_axis():
     assert view.figures["loss"].xaxis[0].axis_label == "wall time (s)"
 
 
+@pytest.mark.parametrize("phase", [False, True])
+def test_a_new_run_reuses_the_run_views_figures_and_lets_go_of_the_last_one(phase):
+    import gc
+    import weakref
+
+    first = ql.LocalRun(small_config(phase=phase), name="first")
+    view = RunView(first)
+    feed(first, 1, 30)
+    view.pull()
+    figures = dict(view.figures)
+    y0 = (figures["loss"].y_range.start, figures["loss"].y_range.end)
+    old = view.hub.stream(first)
+    old_sources = [weakref.ref(getattr(old, a)) for a in ("loss", "train", "eval", "phases")]
+    del old
+    second = ql.LocalRun(small_config(phase=phase), name="second")
+    feed(second, 300, 30)                            # other steps and losses: the ranges must follow them
+    view.run = second
+    view.hub.drop(first.id)
+    view.pull()
+    assert view.figures == figures                   # the same figure objects
+    rs = view.hub.stream(second)
+    ours = {id(getattr(rs, a)) for a in ("loss", "train", "eval", "phases")}
+    drawn = [r for fig in figures.values() for r in fig.renderers if r.name and second.id in r.name]
+    assert {f"loss-{second.id}", f"loss-raw-{second.id}", f"test-loss-{second.id}"} <= names(figures["loss"])
+    assert phase == (f"phase-bands-{second.id}-FULL" in names(figures["loss"]))
+    assert not any(first.id in n for fig in figures.values() for n in names(fig))
+    assert drawn and all(id(r.data_source) in ours for r in drawn)
+    assert figures["loss"].title.text == "Loss · second"
+    assert (figures["loss"].y_range.start, figures["loss"].y_range.end) != y0
+    del drawn
+    gc.collect()
+    assert all(ref() is None for ref in old_sources)  # nothing holds the first run's data
+    view.options.log_y = True                        # other plot options: new figures
+    assert view.figures["loss"] is not figures["loss"]
+    assert f"loss-{second.id}" in names(view.figures["loss"])
+
+
 def test_run_view_without_phases_has_no_speedup_figure():
     run = ql.LocalRun(small_config())
     view = RunView(run)
