@@ -6,8 +6,9 @@ import time
 import numpy as np
 import pytest
 
-from qatlab.executor.worker import (WEIGHTS_POINTS, WorkerLost, _check_first_start, _Control, drop_received_rows,
-                                    pack_weights, unpack_weights)
+from qatlab.executor import worker as worker_module
+from qatlab.executor.worker import (SEND_SECONDS, WEIGHTS_POINTS, WorkerLost, _check_first_start, _Control, _RowLog,
+                                    _Sender, drop_received_rows, pack_weights, unpack_weights)
 
 
 class _Client:
@@ -23,6 +24,39 @@ def test_a_second_start_of_a_run_is_refused_as_worker_lost():
     _check_first_start(_Client([(0.0, {"kind": "rows", "seq": 0})]), "r1")  # rows alone do not count
     with pytest.raises(WorkerLost, match="worker lost: the run started on tcp://a:1"):
         _check_first_start(_Client([(0.0, {"kind": "start", "worker": "tcp://a:1"})]), "r1")
+
+
+class _Worker:
+    def __init__(self):
+        self.sent = []
+
+    def log_event(self, topic, msg):
+        self.sent.append((topic, msg))
+
+
+def test_runs_send_their_rows_in_the_same_slots_of_the_clock(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(worker_module.time, "time", lambda: clock[0])
+    senders = [_Sender(_Worker(), f"run-{i}") for i in range(2)]
+    logs = [_RowLog(), _RowLog()]
+    sends = [[], []]
+    # run 0 reports every 7 ms, run 1 every 11 ms from 40 ms on: their batches leave in the same slots,
+    # each within a report interval of its slot's start
+    for ms in range(0, 1200):
+        clock[0] = 1000.0 + ms / 1000
+        for i, (every, offset) in enumerate(((7, 0), (11, 40))):
+            if ms >= offset and (ms - offset) % every == 0:
+                logs[i].append({"step": ms, "loss": 1.0})
+                before = len(senders[i].worker.sent)
+                senders[i].send(logs[i])
+                if len(senders[i].worker.sent) > before:
+                    slot = int(clock[0] // SEND_SECONDS)
+                    assert ms == offset or clock[0] - slot * SEND_SECONDS < every / 1000
+                    sends[i].append(slot)
+    assert len(sends[0]) == len(set(sends[0])) >= 7           # at most one batch per slot
+    assert sends[1] == sends[0]
+    rows = [sum(len(m["rows"]) for _, m in s.worker.sent) for s in senders]
+    assert rows == [s.sent for s in senders] and rows[0] == len(range(0, 1200, 7)) - len(logs[0].pending)
 
 
 def test_weights_travel_as_float32_bytes_of_evenly_strided_positions():

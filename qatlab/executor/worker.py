@@ -20,8 +20,10 @@ import numpy as np
 
 from ..metrics import MetricsLog
 
-#: A batch of rows leaves at most this often (and at the end): a live curve can move about 6 times a
-#: second (the page's goal is 5 updates/s), and rows are seen within ~0.25 s.
+#: A batch of rows leaves once per slot of this many seconds of wall-clock time (and at the end): a
+#: live curve can move about 6 times a second (the page's goal is 5 updates/s), and rows are seen
+#: within ~0.25 s. Slots of the clock, not of the run: runs training at once send together, so a
+#: page showing them draws one update where unaligned batches made it draw one per run.
 SEND_SECONDS = 0.15
 #: The control Variable is read this often.
 POLL_SECONDS = 0.1
@@ -88,7 +90,7 @@ class _Sender:
 
     def __init__(self, worker, run_topic: str):
         self.worker, self.topic = worker, run_topic
-        self.sent, self.last = 0, -math.inf
+        self.sent, self.slot = 0, None
         self.done = self.total = 0
         self.meta_sent = False
 
@@ -96,8 +98,8 @@ class _Sender:
         self.worker.log_event(self.topic, msg)
 
     def send(self, log: _RowLog, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self.last < SEND_SECONDS:
+        slot = math.floor(time.time() / SEND_SECONDS)
+        if not force and slot == self.slot:
             return
         rows, log.pending = log.pending, []
         msg = {"kind": "rows", "seq": self.sent, "rows": rows, "done": self.done, "total": self.total,
@@ -107,7 +109,7 @@ class _Sender:
             self.meta_sent = True
         self.event(msg)
         self.sent += len(rows)
-        self.last = now
+        self.slot = slot
 
 
 class _Control:
