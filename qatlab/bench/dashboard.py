@@ -312,7 +312,8 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
     Meant for ``panel serve --setup``: it runs inside the server process and reads that
     process's runs, threads and Dashboards (``/state``; ``/sample?seconds=S``: the main thread's
     stacks sampled, :func:`sample_main_thread`; ``/objects?top=N``: :func:`count_objects`;
-    ``/allocations?top=N``: :func:`allocations`; ``/gc``: the objects frozen at start-up;
+    ``/allocations?top=N``: :func:`allocations`; ``/gc``: the objects frozen at start-up; ``/heap``:
+    its malloc arenas (:mod:`qatlab.ui.heap`);
     ``/patches``: the document patches Bokeh sent outside Panel's write queue, :mod:`.bokeh_path`). Read-only
     except ``/headless?epochs=N[&kind=cnn]``, which trains one headless STE comparison of
     :func:`bench_config` from there and returns its runs.
@@ -320,8 +321,10 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import parse_qs, urlsplit
 
+    from ..ui.heap import cap_malloc_arenas
     port = int(port or os.environ[INSPECT_ENV])
     bokeh_path.install()
+    cap_malloc_arenas()     # as the app does, before this thread: it runs first (--setup) and would get an arena
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server API
@@ -339,6 +342,9 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
                     body = allocations(int(parse_qs(url.query).get("top", ["40"])[0]))
                 elif url.path == "/gc":         # (apart from /state: counting the frozen objects walks them all)
                     body = {"frozen": gc.get_freeze_count()}
+                elif url.path == "/heap":
+                    from ..ui.heap import malloc_arenas
+                    body = {"malloc_arenas": malloc_arenas()}
                 elif url.path == "/patches":
                     body = bokeh_path.report()
                 elif url.path == "/headless":

@@ -453,6 +453,7 @@ def test_browser_six_pages_churned_then_closed_free_threads_and_the_log_stays_cl
           f"{freed:.2f} s after the last page.close(); "
           f"RSS {base['rss'] / mib:.0f} -> {busy['rss'] / mib:.0f} -> {after['rss'] / mib:.0f} MiB")
     assert stopped <= 3 * STOP_SECONDS      # six pages at once (the bench measures the one-page goal)
+    assert server.inspect("/heap")["malloc_arenas"] == 1    # however many threads the runs had (qatlab.ui.heap)
     log = server.log_path.read_text(errors="replace")
     for bad in ("Traceback", "AssertionError", "not in list", "Error running"):
         assert bad not in log, log[-4000:]
