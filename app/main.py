@@ -21,9 +21,9 @@ except ImportError:  # served from a plain checkout: the package sits next to ap
 from qatlab import warmup  # noqa: E402
 from qatlab.executor import connect  # noqa: E402
 from qatlab.ui import Dashboard, LocalFast, template_kwargs  # noqa: E402
-from qatlab.ui.heap import cap_malloc_arenas  # noqa: E402
+from qatlab.ui.heap import tune_server_malloc  # noqa: E402
 
-cap_malloc_arenas()   # before the cluster's and the runs' threads (qatlab.ui.heap); the same on every call
+tune_server_malloc()   # before the cluster's and the runs' threads (qatlab.ui.heap); the same on every call
 
 # Compile the kernels of the first runs into Numba's disk cache once, then start the workers, which
 # load them from there. `panel serve --warm` (make serve) runs this file once before the server

@@ -321,10 +321,10 @@ def serve_inspector(port: int | None = None) -> threading.Thread:
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import parse_qs, urlsplit
 
-    from ..ui.heap import cap_malloc_arenas
+    from ..ui.heap import tune_server_malloc
     port = int(port or os.environ[INSPECT_ENV])
     bokeh_path.install()
-    cap_malloc_arenas()     # as the app does, before this thread: it runs first (--setup) and would get an arena
+    tune_server_malloc()     # as the app does, before this thread: it runs first (--setup) and would get an arena
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server API
