@@ -303,6 +303,25 @@ class LiveView(pn.viewable.Viewer):
         return self._root
 
 
+def stream_bindings(figures, rs) -> list[tuple]:
+    """``(renderer, RunStream source attribute, name template)`` of every renderer of ``figures``
+    drawn from one of ``rs``'s sources; the template has ``{}`` where the name has the run id."""
+    attrs = {id(getattr(rs, a)): a for a in ("loss", "train", "eval", "phases")}
+    out = []
+    for fig in figures:
+        for r in fig.renderers:
+            attr = attrs.get(id(getattr(r, "data_source", None)))
+            if attr is not None:
+                out.append((r, attr, (r.name or "").replace(rs.run.id, "{}")))
+    return out
+
+
+def rebind(bindings: list[tuple], rs) -> None:
+    """Point each renderer of :func:`stream_bindings` at the same source of ``rs`` and name it after its run."""
+    for renderer, attr, template in bindings:
+        renderer.update(data_source=getattr(rs, attr), name=template.format(rs.run.id))
+
+
 def streaming_tick(pull, root) -> None:
     """One periodic tick: ``pull()`` with all its Bokeh events sent as one message, pushed to a
     notebook's ``root`` view when not in a server session; an exception is logged, never raised

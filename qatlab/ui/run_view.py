@@ -30,7 +30,7 @@ import param
 from .. import warmup
 from ..progress import RunProgress
 from . import figures as F
-from .base import LiveView, Throttle, bokeh_pane, short_message
+from .base import LiveView, Throttle, bokeh_pane, rebind, short_message, stream_bindings
 
 ALERT_TYPES = {"created": "light", "running": "primary", "paused": "warning", "finished": "success",
                "stopped": "secondary", "diverged": "danger", "failed": "danger", "interrupted": "warning",
@@ -116,25 +116,6 @@ class RunStatus(pn.viewable.Viewer):
 
     def __panel__(self):
         return self._layout
-
-
-def stream_bindings(figures, rs) -> list[tuple]:
-    """``(renderer, RunStream source attribute, name template)`` of every renderer of ``figures``
-    drawn from one of ``rs``'s sources; the template has ``{}`` where the name has the run id."""
-    attrs = {id(getattr(rs, a)): a for a in ("loss", "train", "eval", "phases")}
-    out = []
-    for fig in figures:
-        for r in fig.renderers:
-            attr = attrs.get(id(getattr(r, "data_source", None)))
-            if attr is not None:
-                out.append((r, attr, (r.name or "").replace(rs.run.id, "{}")))
-    return out
-
-
-def rebind(bindings: list[tuple], rs) -> None:
-    """Point each renderer of :func:`stream_bindings` at the same source of ``rs`` and name it after its run."""
-    for renderer, attr, template in bindings:
-        renderer.update(data_source=getattr(rs, attr), name=template.format(rs.run.id))
 
 
 class RunView(LiveView):

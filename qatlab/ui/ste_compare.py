@@ -24,7 +24,7 @@ import panel as pn
 import param
 
 from . import figures as F
-from .base import LiveView, bokeh_pane
+from .base import LiveView, bokeh_pane, rebind, stream_bindings
 from .streaming import n_layers_of
 
 SUMMARY_COLUMNS = ["rank", "ste", "status", "test_accuracy", "test_loss", "seconds", "steps_per_second", "steps",
@@ -92,7 +92,7 @@ class SteCompareView(LiveView):
         super().__init__(hub, options, lazy, **params)
         self.figures: dict = {}
         self._shape = None           # what the figures were built for: (x field, log y, layers, kinds)
-        self._bindings: list = []    # (renderer, kind, stream source attribute, name prefix) of every line
+        self._bindings: dict = {}    # {kind: stream_bindings() of the figures for that kind's run}
         self.summary = summary_frame({})
         # A fixed-height HTML table: re-rendering it once a second costs the browser almost nothing,
         # while replacing a Tabulator's value re-lays out the whole page (the browser's main CPU cost
@@ -131,22 +131,20 @@ class SteCompareView(LiveView):
             self._show_intro(first)
             self._rebind(streams)
             return
-        xr, self._bindings = F.shared_x_range(), []
+        xr = F.shared_x_range()
         yield
 
         loss = F.line_figure("Train loss (EMA) per STE", "loss", name="fig-ste-loss", x_field=x, x_range=xr,
                              y_log=y_log, height=280)
         for kind, rs in streams.items():
-            line = F.add_line(loss, rs.loss, x, "loss_s", **F.ste_line(kind), name=f"ste-loss-{rs.run.id}", label=kind)
-            self._bind(line, kind, "loss", "ste-loss")
+            F.add_line(loss, rs.loss, x, "loss_s", **F.ste_line(kind), name=f"ste-loss-{rs.run.id}", label=kind)
         F.finish(loss)
         yield
         acc = F.line_figure("Test accuracy per STE", "accuracy", name="fig-ste-accuracy", x_field=x, x_range=xr,
                             y_range=F.fraction_range(), height=280)
         for kind, rs in streams.items():
-            line = F.add_line(acc, rs.eval, x, "test_accuracy", **F.ste_line(kind), name=f"ste-accuracy-{rs.run.id}",
-                              label=kind)
-            self._bind(line, kind, "eval", "ste-accuracy")
+            F.add_line(acc, rs.eval, x, "test_accuracy", **F.ste_line(kind), name=f"ste-accuracy-{rs.run.id}",
+                       label=kind)
         F.finish(acc, location="bottom_right")
         yield
 
@@ -165,9 +163,8 @@ class SteCompareView(LiveView):
             for i, col in enumerate(columns):
                 for kind, rs in streams.items():
                     y = f"{col}_s" if f"{col}_s" in rs.train.data else col
-                    line = F.add_line(fig, rs.train, x, y, color=F.STE_COLORS.get(kind, "#333333"), width=1.5,
-                                      dash=F.LAYER_DASHES[i % len(F.LAYER_DASHES)], name=f"ste-{col}-{rs.run.id}")
-                    self._bind(line, kind, "train", f"ste-{col}")
+                    F.add_line(fig, rs.train, x, y, color=F.STE_COLORS.get(kind, "#333333"), width=1.5,
+                               dash=F.LAYER_DASHES[i % len(F.LAYER_DASHES)], name=f"ste-{col}-{rs.run.id}")
             figures[metric] = fig
             yield
         self._show_intro(first)
@@ -175,21 +172,18 @@ class SteCompareView(LiveView):
         self._plots.objects = [top]
         yield
         self.figures, self._shape = figures, shape
+        self._bindings = {kind: stream_bindings(figures.values(), rs) for kind, rs in streams.items()}
         self._plots.objects = [
             top, pn.pane.HTML(f"<b>Small multiples</b> &nbsp; {legend} &nbsp;&nbsp; {dash_key}", margin=(5, 10)),
             pn.GridBox(*(bokeh_pane(figures[m]) for m, *_ in SMALL), ncols=2, sizing_mode="stretch_width")]
         self._last_summary = None
         self.refresh(force=True)
 
-    def _bind(self, renderer, kind: str, attr: str, prefix: str) -> None:
-        self._bindings.append((renderer, kind, attr, prefix))
-
     def _rebind(self, streams: dict) -> None:
         """Point every line at the new runs' sources (and names): a comparison after the first
         builds no figure, the costliest part of a Compare for the server and the browser."""
-        for renderer, kind, attr, prefix in self._bindings:
-            rs = streams[kind]
-            renderer.update(data_source=getattr(rs, attr), name=f"{prefix}-{rs.run.id}")
+        for kind, bindings in self._bindings.items():
+            rebind(bindings, streams[kind])
         self.drop_fitter()               # the ranges fit the new data from scratch
         self._last_summary = None
         self.refresh(force=True)
