@@ -22,6 +22,7 @@ Notebook use: a view built without a hub owns one; displaying it starts its own
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -317,9 +318,19 @@ def stream_bindings(figures, rs) -> list[tuple]:
 
 
 def rebind(bindings: list[tuple], rs) -> None:
-    """Point each renderer of :func:`stream_bindings` at the same source of ``rs`` and name it after its run."""
-    for renderer, attr, template in bindings:
-        renderer.update(data_source=getattr(rs, attr), name=template.format(rs.run.id))
+    """Point each renderer of :func:`stream_bindings` at the same source of ``rs`` and name it after
+    its run. In a document, Bokeh re-walks every model of it after each change of a model reference
+    (a page's whole dashboard, per renderer): frozen, it walks once at the end."""
+    with frozen(bindings[0][0] if bindings else None):
+        for renderer, attr, template in bindings:
+            renderer.update(data_source=getattr(rs, attr), name=template.format(rs.run.id))
+
+
+def frozen(model):
+    """A context in which changes of model references in ``model``'s document (if any) make Bokeh
+    re-walk the document's models once, at the end, instead of once per change."""
+    doc = getattr(model, "document", None)
+    return doc.models.freeze() if doc is not None else contextlib.nullcontext()
 
 
 def streaming_tick(pull, root) -> None:

@@ -24,7 +24,7 @@ import panel as pn
 import param
 
 from . import figures as F
-from .base import LiveView, bokeh_pane, rebind, stream_bindings
+from .base import LiveView, bokeh_pane, frozen, rebind, stream_bindings
 from .streaming import n_layers_of
 
 SUMMARY_COLUMNS = ["rank", "ste", "status", "test_accuracy", "test_loss", "seconds", "steps_per_second", "steps",
@@ -182,8 +182,9 @@ class SteCompareView(LiveView):
     def _rebind(self, streams: dict) -> None:
         """Point every line at the new runs' sources (and names): a comparison after the first
         builds no figure, the costliest part of a Compare for the server and the browser."""
-        for kind, bindings in self._bindings.items():
-            rebind(bindings, streams[kind])
+        with frozen(self.figures["loss"]):
+            for kind, bindings in self._bindings.items():
+                rebind(bindings, streams[kind])
         self.drop_fitter()               # the ranges fit the new data from scratch
         self._last_summary = None
         self.refresh(force=True)
