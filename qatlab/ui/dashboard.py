@@ -46,8 +46,8 @@ from .quant_view import QuantView
 from .run_view import RunStatus, RunView
 from .runs_table import RunsTable
 from .ste_compare import SteCompareView
+from .streaming import StreamHub, n_layers_of
 from .sweep_view import SweepView
-from .streaming import StreamHub
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +161,7 @@ class Dashboard(pn.viewable.Viewer):
         if session is not None:
             pn.state.on_session_destroyed(self._on_session_destroyed)
             internals.install_render_patch(pn.state.curdoc)
+            self.ste.prepare(n_layers_of(self.config_panel.config))   # in pieces, once the page is sent
         if period and session is not None:
             self.start_streaming(period)
 
