@@ -161,7 +161,9 @@ class Dashboard(pn.viewable.Viewer):
         if session is not None:
             pn.state.on_session_destroyed(self._on_session_destroyed)
             internals.install_render_patch(pn.state.curdoc)
-            self.ste.prepare(n_layers_of(self.config_panel.config))   # in pieces, once the page is sent
+            # the comparison's figures, in pieces once the page has loaded (Panel drops the changes
+            # made between the page's first pull of the document and its connection)
+            pn.state.onload(lambda: self.ste.prepare(n_layers_of(self.config_panel.config)))
         if period and session is not None:
             self.start_streaming(period)
 

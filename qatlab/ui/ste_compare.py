@@ -10,6 +10,9 @@ coloured by :data:`qatlab.ui.figures.STE_COLORS`:
   ``fig-ste-active_grad_fraction`` (``ste-active_grad_fraction-<run id>``); no legends there
   (the colour key sits above them), since each legend is re-rendered on every streamed tick.
 
+A served page builds the figures while it loads (:meth:`SteCompareView.prepare`); a comparison
+moves their lines to its runs. Lines no run uses are unnamed and draw nothing.
+
 The summary table (an HTML pane, CSS class ``qatlab-ste-summary``; the DataFrame behind it is
 ``SteCompareView.summary``) ranks the kinds by latest test accuracy (descending), then wall time
 (ascending).
@@ -157,15 +160,21 @@ class SteCompareView(LiveView):
         see :meth:`LiveView.request_rebuild`), then move their lines to the comparison's runs
         (:meth:`_draw`). The figures show once their lines are drawn."""
         shape = (self.x_field, self.options.log_y)
-        if (self.runs or self._prepared) and (not self.figures or shape != self._shape):
+        new = (self.runs or self._prepared) and (not self.figures or shape != self._shape)
+        if new:
             yield from self._build_figures(*shape)
         if not self.runs:
+            if new:
+                self._draw({kind: None for kind in F.STE_COLORS}, self._prepared)
+                self._show_figures()
             self._plots.visible = self.table.visible = False
             self.intro.object = INTRO
             return
         streams = {str(getattr(k, "value", k)): self.hub.stream(r) for k, r in self.runs.items()}
         first = next(iter(self.runs.values()))
         self._draw(streams, n_layers_of(first.config))
+        if new:
+            self._show_figures()         # (with their lines bound: the page gets them as they are)
         self.drop_fitter()               # the ranges fit the new data from scratch
         self._show_intro(first)
         self._plots.visible = True
@@ -173,9 +182,8 @@ class SteCompareView(LiveView):
         self.refresh(force=True)
 
     def _build_figures(self, x: str, y_log: bool):
-        """New figures, shown in the layout in one step (each change of the shown layout makes the
-        browser lay out the whole page again), with lines for ``prepare``'s layers if any. A build
-        abandoned for a newer one (a Compare during ``prepare``'s) leaves its figures to it."""
+        """New figures (not yet in the layout, without lines). A build abandoned for a newer one
+        (a Compare during ``prepare``'s) leaves its figures to it."""
         if self._unfinished is None or self._unfinished[0] != (x, y_log):
             self._unfinished = ((x, y_log), F.shared_x_range(), {}, {})
         _, xr, figures, legends = self._unfinished
@@ -200,8 +208,11 @@ class SteCompareView(LiveView):
         self._unfinished = None
         self.figures, self._legends, self._shape = figures, legends, (x, y_log)
         self._lines, self._parking = {}, {}
-        if self._prepared:
-            self._draw({kind: None for kind in kinds}, self._prepared)
+
+    def _show_figures(self) -> None:
+        """Put the figures in the layout, in one step (each change of the shown layout makes the
+        browser lay out the whole page again)."""
+        figures = self.figures
         self._plots.objects = [
             pn.Row(bokeh_pane(figures["loss"]), bokeh_pane(figures["accuracy"]), sizing_mode="stretch_width"),
             self.key,
@@ -217,40 +228,48 @@ class SteCompareView(LiveView):
         the page's whole model graph after each step that changes which models a model holds."""
         wanted = [(metric, layer, kind) for metric, layers in _line_layers(n_layers) for layer in layers
                   for kind in streams]            # in drawing order: the widest overlaid line first
+        used = set(wanted)
         with frozen(self.figures["loss"]):
+            for key, line in self._lines.items():
+                self._bind(line, key, streams[key[2]] if key in used else None)
             new = [key for key in wanted if key not in self._lines]
             for key in new:
-                self._lines[key] = self._add_line(*key)
+                self._lines[key] = self._add_line(key, streams[key[2]])
             for metric in ("loss", "accuracy"):
                 if any(key[0] == metric for key in new):
                     F.set_legend_targets(self._legends[metric], {k: [line] for (m, _, k), line in self._lines.items()
                                                                  if m == metric})
-            used = set(wanted)
-            for (metric, layer, kind), line in self._lines.items():
-                rs = streams.get(kind) if (metric, layer, kind) in used else None
-                attr = _SOURCE.get(metric, "train")
-                col = metric if layer is None else f"{metric}_{layer}"
-                line.update(data_source=getattr(rs, attr) if rs is not None else self._parking[attr],
-                            name=f"ste-{col}-{rs.run.id}" if rs is not None else "")
-                if metric not in _SOURCE:
-                    line.visible = rs is not None
         self.key.object = _small_multiples_key(list(streams), n_layers)
 
-    def _add_line(self, metric: str, layer: int | None, kind: str):
-        """A new line of ``kind`` (and ``layer``) in the ``metric`` figure, drawing from an empty source."""
+    def _bind(self, line, key: tuple, rs) -> None:
+        """Move ``line`` to its source of ``rs`` (named after the run), or park it (``rs`` None)."""
+        metric, layer, _ = key
+        attr = _SOURCE.get(metric, "train")
+        col = metric if layer is None else f"{metric}_{layer}"
+        line.update(data_source=getattr(rs, attr) if rs is not None else self._parking[attr],
+                    name=f"ste-{col}-{rs.run.id}" if rs is not None else "")
+        if metric not in _SOURCE:
+            line.visible = rs is not None
+
+    def _add_line(self, key: tuple, rs):
+        """A new line for ``key`` (metric, layer, kind) in its figure, drawing from ``rs`` (or parked)."""
+        metric, layer, kind = key
         col = metric if layer is None else f"{metric}_{layer}"
         y = {"loss": "loss_s", "accuracy": "test_accuracy"}.get(metric, f"{col}_s" if is_smoothed(col) else col)
         attr = _SOURCE.get(metric, "train")
         parking = self._parking.setdefault(attr, ColumnDataSource({}, name=f"ste-parking-{attr}"))
         missing = {f: [] for f in (self.x_field, y) if f not in parking.data}
-        if missing:
+        if missing:                      # (the columns the line needs if it is parked later)
             parking.data.update(missing)
         if metric in _SOURCE:
             style = F.ste_line(kind)
         else:
             style = {"color": F.STE_COLORS.get(kind, "#333333"), "width": 1.5,
                      "dash": F.LAYER_DASHES[(layer or 0) % len(F.LAYER_DASHES)]}
-        return F.add_line(self.figures[metric], parking, self.x_field, y, name="", **style)
+        line = F.add_line(self.figures[metric], parking if rs is None else getattr(rs, attr), self.x_field, y,
+                          name=f"ste-{col}-{rs.run.id}" if rs is not None else "", **style)
+        line.visible = rs is not None or metric in _SOURCE
+        return line
 
     def _show_intro(self, first) -> None:
         q = first.config.quant
