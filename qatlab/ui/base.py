@@ -215,11 +215,11 @@ class LiveView(pn.viewable.Viewer):
         self.request_rebuild()
 
     @one_message
-    def request_rebuild(self, hidden: bool = False) -> None:
-        """Rebuild if the view is active (or ``hidden``: while it is not shown), else when it next
-        becomes active. Views with ``rebuild_steps`` rebuild in pieces in a server session
-        (:meth:`_rebuild_in_pieces`), elsewhere at once."""
-        if not (self._active or hidden):
+    def request_rebuild(self) -> None:
+        """Rebuild if the view is active, else when it next becomes active. Views with
+        ``rebuild_steps`` rebuild in pieces in a server session (:meth:`_rebuild_in_pieces`),
+        elsewhere at once."""
+        if not self._active:
             self._stale = True
             return
         self._stale = False

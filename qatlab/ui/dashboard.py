@@ -46,8 +46,8 @@ from .quant_view import QuantView
 from .run_view import RunStatus, RunView
 from .runs_table import RunsTable
 from .ste_compare import SteCompareView
-from .streaming import StreamHub, n_layers_of
 from .sweep_view import SweepView
+from .streaming import StreamHub
 
 log = logging.getLogger(__name__)
 
@@ -161,9 +161,6 @@ class Dashboard(pn.viewable.Viewer):
         if session is not None:
             pn.state.on_session_destroyed(self._on_session_destroyed)
             internals.install_render_patch(pn.state.curdoc)
-            # the comparison's figures, in pieces once the page has loaded (Panel drops the changes
-            # made between the page's first pull of the document and its connection)
-            pn.state.onload(lambda: self.ste.prepare(n_layers_of(self.config_panel.config)))
         if period and session is not None:
             self.start_streaming(period)
 

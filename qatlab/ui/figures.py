@@ -193,8 +193,9 @@ for (const id of ids) {
 """
 
 
-def _proxy(fig, g):
-    """A renderer drawn like glyph ``g`` but with no data (one NaN row: the legend needs a row)."""
+def _proxy(fig, renderer):
+    """A renderer that looks like ``renderer`` but draws nothing (one NaN row: the legend needs a row)."""
+    g = renderer.glyph
     empty = ColumnDataSource({"x": [math.nan], "y": [math.nan]})
     if isinstance(g, VStrip):
         return fig.vstrip(x0="x", x1="y", source=empty, fill_color=g.fill_color, fill_alpha=max(g.fill_alpha, 0.3),
@@ -223,36 +224,18 @@ def finish(fig, legend: bool = True, location: str = "top_right", outside: bool 
     """Build the figure's legend from the registered entries: click an entry to hide its renderers.
     ``outside``: to the right of the plot area (for plots whose whole area carries data)."""
     entries = _LEGEND.pop(fig.id, [])
-    if legend and entries:
-        proxies = add_legend(fig, [(label, renderers[0].glyph) for label, renderers in entries], location, outside)
-        set_legend_targets(proxies, dict(entries))
-    return fig
-
-
-def add_legend(fig, entries: list[tuple[str, object]], location: str = "top_right", outside: bool = False) -> dict:
-    """A click-to-hide legend of ``[(label, glyph)]``: each entry shows a look-alike of its glyph and
-    hides or shows the renderers :func:`set_legend_targets` gives it. Returns ``{label: proxy}``."""
-    proxies, items = {}, []
-    for label, glyph in entries:
-        proxy = proxies[label] = _proxy(fig, glyph)
-        proxy.js_on_change("visible", CustomJS(args={"ids": []}, code=_TOGGLE_CODE))
+    if not legend or not entries:
+        return fig
+    items = []
+    for label, renderers in entries:
+        proxy = _proxy(fig, renderers[0])
+        proxy.js_on_change("visible", CustomJS(args={"ids": [r.id for r in renderers]}, code=_TOGGLE_CODE))
         items.append(LegendItem(label=label, renderers=[proxy]))
     legend = Legend(items=items, click_policy="hide", location="top_left" if outside else location,
                     background_fill_alpha=0.6, label_text_font_size="11px", spacing=0, padding=4, margin=4,
                     glyph_height=14, glyph_width=18, label_height=14)
     fig.add_layout(legend, "right" if outside else "center")
-    return proxies
-
-
-def set_legend_targets(proxies: dict, targets: dict) -> None:
-    """Point each legend entry (``{label: proxy}`` from :func:`add_legend`) at ``targets[label]``
-    (renderers; none for a label left out); a renderer of a hidden entry is hidden too."""
-    for label, proxy in proxies.items():
-        renderers = targets.get(label, [])
-        proxy.js_property_callbacks["change:visible"][0].args = {"ids": [r.id for r in renderers]}
-        for r in renderers:
-            if not proxy.visible:
-                r.visible = False
+    return fig
 
 
 def histogram_figure(title: str, source, *, name: str, renderer_name: str, color: str,

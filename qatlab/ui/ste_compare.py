@@ -10,9 +10,6 @@ coloured by :data:`qatlab.ui.figures.STE_COLORS`:
   ``fig-ste-active_grad_fraction`` (``ste-active_grad_fraction-<run id>``); no legends there
   (the colour key sits above them), since each legend is re-rendered on every streamed tick.
 
-A served page builds the figures while it loads (:meth:`SteCompareView.prepare`); a comparison
-moves their lines to its runs. Lines no run uses are unnamed and draw nothing.
-
 The summary table (an HTML pane, CSS class ``qatlab-ste-summary``; the DataFrame behind it is
 ``SteCompareView.summary``) ranks the kinds by latest test accuracy (descending), then wall time
 (ascending).
@@ -25,12 +22,10 @@ import time
 import pandas as pd
 import panel as pn
 import param
-from bokeh.models import ColumnDataSource
-from bokeh.models.glyphs import Line
 
 from . import figures as F
-from .base import LiveView, bokeh_pane, frozen
-from .streaming import is_smoothed, n_layers_of
+from .base import LiveView, bokeh_pane, frozen, rebind, stream_bindings
+from .streaming import n_layers_of
 
 SUMMARY_COLUMNS = ["rank", "ste", "status", "test_accuracy", "test_loss", "seconds", "steps_per_second", "steps",
                    "run"]
@@ -88,31 +83,6 @@ def summary_html(df: pd.DataFrame) -> str:
     return f"{style}<table class='qatlab-ste'><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
 
 
-def _legend_glyph(kind: str) -> Line:
-    """What a kind's legend entry shows: its overlaid curve's colour, dash and width."""
-    style = F.ste_line(kind)
-    return Line(line_color=style["color"], line_dash=style["dash"], line_width=style["width"])
-
-
-def _small_multiples_key(kinds: list, n_layers: int) -> str:
-    """HTML key above the small multiples: each kind's colour and each layer's dash style."""
-    colours = " ".join(f"<span style='color:{F.STE_COLORS.get(k, '#333')};font-weight:600'>&#9632; {k}</span>"
-                       for k in kinds)
-    dashes = " ".join(f"<span style='font-family:monospace'>{_DASH_TEXT[F.LAYER_DASHES[i % 5]]}</span> layer {i}"
-                      for i in range(n_layers))
-    return f"<b>Small multiples</b> &nbsp; {colours} &nbsp;&nbsp; {dashes}"
-
-
-#: The RunStream source the overlaid figures' lines draw from; the small multiples draw from "train".
-_SOURCE = {"loss": "loss", "accuracy": "eval"}
-
-
-def _line_layers(n_layers: int) -> list[tuple[str, list]]:
-    """``[(metric, [layer or None, ...])]``: the lines each figure draws per kind."""
-    return ([("loss", [None]), ("accuracy", [None])]
-            + [(m, list(range(n_layers)) if m in PER_LAYER else [None]) for m, *_ in SMALL])
-
-
 class SteCompareView(LiveView):
     """Overlaid curves, small multiples and a ranking for a ``{SteKind: run}`` comparison."""
 
@@ -121,12 +91,8 @@ class SteCompareView(LiveView):
     def __init__(self, runs: dict | None = None, hub=None, options=None, lazy: bool = False, **params):
         super().__init__(hub, options, lazy, **params)
         self.figures: dict = {}
-        self._shape = None           # what the figures were built for: (x field, log y)
-        self._unfinished = None      # (shape, x range, figures, legends) of a build not yet done
-        self._lines: dict = {}       # {(metric, layer or None, kind): line} drawn so far in the figures
-        self._parking: dict = {}     # {source kind: empty source} the lines no run uses draw from
-        self._legends: dict = {}     # {metric: {kind: legend proxy}} of the overlaid figures
-        self._prepared = 0           # layers to draw lines for before the first comparison (prepare())
+        self._shape = None           # what the figures were built for: (x field, log y, layers, kinds)
+        self._bindings: dict = {}    # {kind: stream_bindings() of the figures for that kind's run}
         self.summary = summary_frame({})
         # A fixed-height HTML table: re-rendering it once a second costs the browser almost nothing,
         # while replacing a Tabulator's value re-lays out the whole page (the browser's main CPU cost
@@ -134,8 +100,7 @@ class SteCompareView(LiveView):
         self.table = pn.pane.HTML(summary_html(self.summary), css_classes=["qatlab-ste-summary"], height=170,
                                   sizing_mode="stretch_width", margin=(0, 10))
         self.intro = pn.pane.Markdown(INTRO, margin=(5, 10))
-        self.key = pn.pane.HTML("", margin=(5, 10))      # colours and dash styles of the small multiples
-        self._plots = pn.Column(sizing_mode="stretch_width", visible=False)
+        self._plots = pn.Column(sizing_mode="stretch_width")
         self._layout = pn.Column(self.intro, self.table, self._plots, sizing_mode="stretch_width")
         self._last_summary = None
         self._last_state = None
@@ -146,130 +111,83 @@ class SteCompareView(LiveView):
         else:
             self.rebuild()
 
-    def prepare(self, layers: int) -> None:
-        """Build the figures, with lines for a comparison of ``layers`` weight layers, before the
-        first comparison and even while the tab is hidden. Building six figures is most of what a
-        page's first Compare costs the server and the browser, which share the CPU with the
-        comparison's training; with the figures built, a Compare moves their lines to its runs."""
-        self._prepared = layers
-        if not self.figures:
-            self.request_rebuild(hidden=True)
-
     def rebuild_steps(self):
-        """Build the figures if there are none for the plot options (yielding after each figure,
-        see :meth:`LiveView.request_rebuild`), then move their lines to the comparison's runs
-        (:meth:`_draw`). The figures show once their lines are drawn."""
-        shape = (self.x_field, self.options.log_y)
-        new = (self.runs or self._prepared) and (not self.figures or shape != self._shape)
-        if new:
-            yield from self._build_figures(*shape)
+        """(Re)create all figures for the current comparison and plot options, yielding after building
+        each figure (see :meth:`LiveView.request_rebuild`), then show them in two steps, the loss
+        and accuracy figures, then the small multiples: each change of the shown layout makes the
+        browser lay out the whole page again (so not one by one), and showing all six in one
+        event-loop turn would hold up the server's loop when several sessions press Compare at once."""
         if not self.runs:
-            if new:
-                self._draw({kind: None for kind in F.STE_COLORS}, self._prepared)
-                self._show_figures()
-            self._plots.visible = self.table.visible = False
+            self.figures = {}
+            self._plots.objects = []
+            self.table.visible = False
             self.intro.object = INTRO
             return
+        x, y_log = self.x_field, self.options.log_y
         streams = {str(getattr(k, "value", k)): self.hub.stream(r) for k, r in self.runs.items()}
         first = next(iter(self.runs.values()))
-        self._draw(streams, n_layers_of(first.config))
-        if new:
-            self._show_figures()         # (with their lines bound: the page gets them as they are)
-        self.drop_fitter()               # the ranges fit the new data from scratch
+        shape = (x, y_log, n_layers_of(first.config), tuple(streams))
+        if self.figures and shape == self._shape:      # a new comparison of the same kind: same figures
+            self._show_intro(first)
+            self._rebind(streams)
+            return
+        xr = F.shared_x_range()
+        yield
+
+        loss = F.line_figure("Train loss (EMA) per STE", "loss", name="fig-ste-loss", x_field=x, x_range=xr,
+                             y_log=y_log, height=280)
+        for kind, rs in streams.items():
+            F.add_line(loss, rs.loss, x, "loss_s", **F.ste_line(kind), name=f"ste-loss-{rs.run.id}", label=kind)
+        F.finish(loss)
+        yield
+        acc = F.line_figure("Test accuracy per STE", "accuracy", name="fig-ste-accuracy", x_field=x, x_range=xr,
+                            y_range=F.fraction_range(), height=280)
+        for kind, rs in streams.items():
+            F.add_line(acc, rs.eval, x, "test_accuracy", **F.ste_line(kind), name=f"ste-accuracy-{rs.run.id}",
+                       label=kind)
+        F.finish(acc, location="bottom_right")
+        yield
+
+        n_layers = n_layers_of(first.config)
+        dash_key = " ".join(f"<span style='font-family:monospace'>{_DASH_TEXT[F.LAYER_DASHES[i % 5]]}</span> "
+                            f"layer {i}" for i in range(n_layers))
+        legend = " ".join(f"<span style='color:{F.STE_COLORS.get(k, '#333')};font-weight:600'>&#9632; {k}</span>"
+                          for k in streams)
+        figures = {"loss": loss, "accuracy": acc}
+        for metric, title, ylab, logy in SMALL:
+            # one figure per metric (layers as dash styles), no legend: every figure and legend costs
+            # the browser a repaint per streamed tick
+            fig = F.line_figure(title, ylab, name=f"fig-ste-{metric}", x_field=x, x_range=xr,
+                                y_log=y_log and logy, height=210)
+            columns = [f"{metric}_{i}" for i in range(n_layers)] if metric in PER_LAYER else [metric]
+            for i, col in enumerate(columns):
+                for kind, rs in streams.items():
+                    y = f"{col}_s" if f"{col}_s" in rs.train.data else col
+                    F.add_line(fig, rs.train, x, y, color=F.STE_COLORS.get(kind, "#333333"), width=1.5,
+                               dash=F.LAYER_DASHES[i % len(F.LAYER_DASHES)], name=f"ste-{col}-{rs.run.id}")
+            figures[metric] = fig
+            yield
         self._show_intro(first)
-        self._plots.visible = True
+        top = pn.Row(bokeh_pane(loss), bokeh_pane(acc), sizing_mode="stretch_width")
+        self._plots.objects = [top]
+        yield
+        self.figures, self._shape = figures, shape
+        self._bindings = {kind: stream_bindings(figures.values(), rs) for kind, rs in streams.items()}
+        self._plots.objects = [
+            top, pn.pane.HTML(f"<b>Small multiples</b> &nbsp; {legend} &nbsp;&nbsp; {dash_key}", margin=(5, 10)),
+            pn.GridBox(*(bokeh_pane(figures[m]) for m, *_ in SMALL), ncols=2, sizing_mode="stretch_width")]
         self._last_summary = None
         self.refresh(force=True)
 
-    def _build_figures(self, x: str, y_log: bool):
-        """New figures (not yet in the layout, without lines). A build abandoned for a newer one
-        (a Compare during ``prepare``'s) leaves its figures to it."""
-        if self._unfinished is None or self._unfinished[0] != (x, y_log):
-            self._unfinished = ((x, y_log), F.shared_x_range(), {}, {})
-        _, xr, figures, legends = self._unfinished
-        kinds = list(F.STE_COLORS)
-        yield
-        for metric, title, ylab, where in (("loss", "Train loss (EMA) per STE", "loss", "top_right"),
-                                           ("accuracy", "Test accuracy per STE", "accuracy", "bottom_right")):
-            if metric not in figures:
-                fig = F.line_figure(title, ylab, name=f"fig-ste-{metric}", x_field=x, x_range=xr, height=280,
-                                    y_log=y_log and metric == "loss",
-                                    y_range=F.fraction_range() if metric == "accuracy" else None)
-                legends[metric] = F.add_legend(fig, [(k, _legend_glyph(k)) for k in kinds], where)
-                figures[metric] = fig
-                yield
-        for metric, title, ylab, logy in SMALL:
-            if metric not in figures:
-                # one figure per metric (layers as dash styles), no legend: every figure and legend
-                # costs the browser a repaint per streamed tick
-                figures[metric] = F.line_figure(title, ylab, name=f"fig-ste-{metric}", x_field=x, x_range=xr,
-                                                y_log=y_log and logy, height=210)
-                yield
-        self._unfinished = None
-        self.figures, self._legends, self._shape = figures, legends, (x, y_log)
-        self._lines, self._parking = {}, {}
-
-    def _show_figures(self) -> None:
-        """Put the figures in the layout, in one step (each change of the shown layout makes the
-        browser lay out the whole page again)."""
-        figures = self.figures
-        self._plots.objects = [
-            pn.Row(bokeh_pane(figures["loss"]), bokeh_pane(figures["accuracy"]), sizing_mode="stretch_width"),
-            self.key,
-            pn.GridBox(*(bokeh_pane(figures[m]) for m, *_ in SMALL), ncols=2, sizing_mode="stretch_width")]
-
-    def _draw(self, streams: dict, n_layers: int) -> None:
-        """Point a line per kind (and layer) at ``streams`` ({kind: RunStream, or None: no run yet}).
-
-        Lines are kept and moved, never removed: a line no run uses draws from an empty source,
-        hidden in the small multiples (the legends own the overlaid lines' visibility). New lines
-        are added only for a layer or kind no comparison had before: adding or removing a line makes
-        the browser lay out the page again, moving one does not. All in one step, since Bokeh walks
-        the page's whole model graph after each step that changes which models a model holds."""
-        wanted = [(metric, layer, kind) for metric, layers in _line_layers(n_layers) for layer in layers
-                  for kind in streams]            # in drawing order: the widest overlaid line first
-        used = set(wanted)
+    def _rebind(self, streams: dict) -> None:
+        """Point every line at the new runs' sources (and names): a comparison after the first
+        builds no figure, the costliest part of a Compare for the server and the browser."""
         with frozen(self.figures["loss"]):
-            for key, line in self._lines.items():
-                self._bind(line, key, streams[key[2]] if key in used else None)
-            new = [key for key in wanted if key not in self._lines]
-            for key in new:
-                self._lines[key] = self._add_line(key, streams[key[2]])
-            for metric in ("loss", "accuracy"):
-                if any(key[0] == metric for key in new):
-                    F.set_legend_targets(self._legends[metric], {k: [line] for (m, _, k), line in self._lines.items()
-                                                                 if m == metric})
-        self.key.object = _small_multiples_key(list(streams), n_layers)
-
-    def _bind(self, line, key: tuple, rs) -> None:
-        """Move ``line`` to its source of ``rs`` (named after the run), or park it (``rs`` None)."""
-        metric, layer, _ = key
-        attr = _SOURCE.get(metric, "train")
-        col = metric if layer is None else f"{metric}_{layer}"
-        line.update(data_source=getattr(rs, attr) if rs is not None else self._parking[attr],
-                    name=f"ste-{col}-{rs.run.id}" if rs is not None else "")
-        if metric not in _SOURCE:
-            line.visible = rs is not None
-
-    def _add_line(self, key: tuple, rs):
-        """A new line for ``key`` (metric, layer, kind) in its figure, drawing from ``rs`` (or parked)."""
-        metric, layer, kind = key
-        col = metric if layer is None else f"{metric}_{layer}"
-        y = {"loss": "loss_s", "accuracy": "test_accuracy"}.get(metric, f"{col}_s" if is_smoothed(col) else col)
-        attr = _SOURCE.get(metric, "train")
-        parking = self._parking.setdefault(attr, ColumnDataSource({}, name=f"ste-parking-{attr}"))
-        missing = {f: [] for f in (self.x_field, y) if f not in parking.data}
-        if missing:                      # (the columns the line needs if it is parked later)
-            parking.data.update(missing)
-        if metric in _SOURCE:
-            style = F.ste_line(kind)
-        else:
-            style = {"color": F.STE_COLORS.get(kind, "#333333"), "width": 1.5,
-                     "dash": F.LAYER_DASHES[(layer or 0) % len(F.LAYER_DASHES)]}
-        line = F.add_line(self.figures[metric], parking if rs is None else getattr(rs, attr), self.x_field, y,
-                          name=f"ste-{col}-{rs.run.id}" if rs is not None else "", **style)
-        line.visible = rs is not None or metric in _SOURCE
-        return line
+            for kind, bindings in self._bindings.items():
+                rebind(bindings, streams[kind])
+        self.drop_fitter()               # the ranges fit the new data from scratch
+        self._last_summary = None
+        self.refresh(force=True)
 
     def _show_intro(self, first) -> None:
         q = first.config.quant

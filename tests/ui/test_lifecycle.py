@@ -459,34 +459,3 @@ def test_browser_six_pages_churned_then_closed_free_threads_and_the_log_stays_cl
         assert bad not in log, log[-4000:]
     sent = server.inspect("/patches")    # every page's updates on Panel's write queue (bench.bokeh_path)
     assert sent["count"] == 0, sent
-
-
-@pytest.mark.browser
-def test_browser_pages_comparing_as_soon_as_they_load_show_every_run(served):
-    """Eight pages open at once and press Compare as soon as each is ready, before its comparison's
-    figures are prepared (:meth:`SteCompareView.prepare`): each page draws its four runs' lines, and
-    the browser applies every message (an update to a line sent before the line itself is dropped
-    with the whole message: "reference ... isn't known", and the page stops following its runs)."""
-    from qatlab.bench.browser import DashboardPage, wait_until
-    from qatlab.bench.dashboard import set_page_config
-    server, context = served
-    pages = []
-    for _ in range(8):
-        page = context.new_page()
-        page.goto(server.url, wait_until="commit", timeout=120_000)
-        pages.append(DashboardPage(page, server.url))
-    before = set(server.runs())
-    for dash in pages:
-        dash.wait_ready(timeout=120)
-        set_page_config(dash, 2)                        # (the digits MLP: short runs)
-        dash.click("Compare STE kinds")
-    ids = set(_new_runs(server, before, 32, lambda r: r["status"] in ("finished", "stopped", "failed"), 300))
-    try:
-        for dash in pages:
-            shown = wait_until(lambda d=dash: len(d.model_names("ste-loss-")) == 4 and d.status() == "finished", 30)
-            assert shown, (dash.model_names("ste-loss-"), dash.status(), dash.console_errors)
-            assert shown and {n.removeprefix("ste-loss-") for n in dash.model_names("ste-loss-")} <= ids
-            assert dash.console_errors == []
-    finally:
-        for dash in pages:
-            dash.page.close()

@@ -430,89 +430,6 @@ def test_a_second_comparison_in_a_document_walks_its_models_once(monkeypatch):
     assert ids <= {r.name for r in doc.models if getattr(r, "name", None)}   # the walk saw the new names
 
 
-def test_prepared_figures_take_any_comparisons_lines_and_its_legend_follows(server_doc):
-    """``prepare`` builds the six figures, with lines for its layer count, while the tab is hidden
-    and before any comparison; each comparison then moves those lines to its runs, adding lines only
-    for layers no comparison had before and hiding the unused ones; the legends toggle the current
-    lines, and a kind hidden in the legend stays hidden in the next comparison."""
-    import asyncio
-
-    from bokeh.models import CustomJS
-    from panel.io.state import set_curdoc
-
-    def comparison(hidden):
-        cfg = small_config()
-        cfg.model.hidden = hidden
-        return {kind: ql.LocalRun(cfg, name=kind.value) for kind in ql.SteKind}
-
-    def shown(fig):                                        # names of the lines drawing a run
-        return {r.name for r in fig.renderers if r.name and r.visible}
-
-    view = SteCompareView(lazy=True)
-    assert view.figures == {}
-    doc, scheduled = server_doc()
-    with set_curdoc(doc):
-        view.prepare(2)
-    asyncio.run(scheduled[0]())
-    figures = dict(view.figures)
-    assert len(figures) == 6 and not view._plots.visible
-    lines = {fig: list(fig.renderers) for fig in figures.values()}
-    assert not any(r.name for fig in figures.values() for r in fig.renderers)      # no run yet
-    assert len(lines[figures["sqnr_db"]]) == 8                                      # 2 layers x 4 kinds
-    legend = {item.label["value"]: item.renderers[0] for item in figures["loss"].legend[0].items}
-    view.set_active(True)                                 # the tab is shown (Compare switches to it)
-
-    def show(runs):
-        done = len(scheduled)
-        with set_curdoc(doc):
-            view.runs = runs
-        for callback in scheduled[done:]:
-            asyncio.run(callback())
-
-    def targets(kind):
-        callback = legend[kind].js_property_callbacks["change:visible"][0]
-        assert isinstance(callback, CustomJS)
-        return set(callback.args["ids"])
-
-    first = comparison([16])                              # 2 layers: the prepared lines, moved
-    show(first)
-    assert view.figures == figures and view._plots.visible
-    assert all(list(fig.renderers) == lines[fig] for fig in figures.values())
-    kind = ql.SteKind.TANH
-    line = next(r for r in figures["loss"].renderers if r.name == f"ste-loss-{first[kind].id}")
-    assert targets(kind.value) == {line.id}
-    assert shown(figures["sqnr_db"]) == {f"ste-sqnr_db_{i}-{r.id}" for i in range(2) for r in first.values()}
-    legend[kind.value].visible = line.visible = False     # the user hides tanh (the legend's CustomJS hides the line)
-    third = comparison([16, 8])                           # 3 layers: four lines more per small multiple
-    show(third)
-    assert view.figures == figures and line.name == f"ste-loss-{third[kind].id}" and not line.visible
-    assert targets(kind.value) == {line.id}
-    assert shown(figures["sqnr_db"]) == {f"ste-sqnr_db_{i}-{r.id}" for i in range(3) for r in third.values()}
-    second = comparison([16])                             # 2 layers again: the third layer's lines hide
-    show(second)
-    assert len(figures["sqnr_db"].renderers) == 12
-    assert shown(figures["sqnr_db"]) == {f"ste-sqnr_db_{i}-{r.id}" for i in range(2) for r in second.values()}
-    assert not any(third[k].id in (r.name or "") for fig in figures.values() for r in fig.renderers for k in third)
-    assert "layer 1" in view.key.object and "layer 2" not in view.key.object
-
-
-def test_a_build_cut_short_leaves_its_figures_to_the_next(server_doc):
-    """A Compare pressed while ``prepare``'s build runs supersedes it, and reuses what it built."""
-    from panel.io.state import set_curdoc
-    view = SteCompareView(lazy=True)
-    doc, _ = server_doc()
-    with set_curdoc(doc):
-        view.prepare(2)
-    pieces = view.rebuild_steps()
-    for _ in range(3):                                    # (the first piece builds nothing)
-        next(pieces)
-    early = [view._unfinished[2][m] for m in ("loss", "accuracy")]
-    pieces.close()                                        # cut short
-    for _ in view.rebuild_steps():
-        pass
-    assert [view.figures[m] for m in ("loss", "accuracy")] == early and len(view.figures) == 6
-
-
 def test_quant_view_histograms_follow_weight_snapshot():
     run = ql.LocalRun(small_config())
     view = QuantView(run)
@@ -638,21 +555,20 @@ def test_streaming_tick_skips_a_server_session_whose_page_is_gone(connections, t
 
 def test_ste_rebuild_runs_in_pieces_and_a_newer_request_abandons_an_older_one(server_doc):
     """In a server session the STE view builds one figure per event-loop turn (the loop answers
-    other sessions in between), puts them in the layout in one step, then draws the lines; the
-    pieces give the same figures as a rebuild at once."""
+    other sessions in between) and shows them in two steps; the pieces give the same figures as a
+    rebuild at once."""
     import asyncio
 
     from panel.io.state import set_curdoc
     view = comparison_view()                                 # no server session: built at once
     at_once = sorted(view.figures)
-    view._shape = None                     # (else a comparison of the same shape reuses the figures)
-    layouts = [tuple(map(id, view._plots.objects))]
-    for _ in view.rebuild_steps():
-        layouts.append(tuple(map(id, view._plots.objects)))
-    layouts.append(tuple(map(id, view._plots.objects)))
-    assert len(layouts) > len(at_once) and sorted(view.figures) == at_once
-    assert len(set(layouts)) == 2                            # the layout changed once
-    assert view._plots.visible and all(f"ste-loss-{r.id}" in names(view.figures["loss"]) for r in view.runs.values())
+    view._shape = None                   # (else a comparison of the same shape reuses the figures)
+    before, shown = list(view._plots.objects), []
+    for _ in view.rebuild_steps():        # the shown layout changes twice, in the last two pieces
+        shown.append([o for o in view._plots.objects if not any(o is b for b in before)])
+    assert len(shown) >= len(at_once) and sorted(view.figures) == at_once
+    assert not any(shown[:-1]) and len(shown[-1]) == 1      # the loss and accuracy row first ...
+    assert len(view._plots.objects) == 3 and view._plots.objects[0] is shown[-1][0]   # ... then the rest
 
     doc, scheduled = server_doc()
     with set_curdoc(doc):
