@@ -408,7 +408,7 @@ def test_a_second_comparison_reuses_the_figures_and_lets_go_of_the_first_runs():
 
 def test_a_second_comparison_in_a_document_walks_its_models_once(monkeypatch):
     # Bokeh re-walks a document's whole model graph after each change of a model reference; moving
-    # 48 lines to new sources one by one walked a page's dashboard 48 times (a second of the server's CPU).
+    # 48 lines to new sources one by one walked a page's whole dashboard 48 times.
     from bokeh.document import Document
     from bokeh.layouts import column
 
