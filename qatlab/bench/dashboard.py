@@ -21,6 +21,10 @@ the workers; its rendering load is part of what is measured.
       checked to have exactly the headless config. Rounds alternate; the goal uses the median of
       the per-round ratios (page / headless). The server process's CPU (every thread, workers
       not included) over each page round is reported in cores.
+    * Where the CPU went: each condition's CPU seconds per kind of process (the server, its
+      cluster's worker processes, the page's renderer, the rest of Chromium; read from ``/proc`` by
+      :mod:`qatlab.bench.proc_cpu`) from just before the runs start until they have ended, in a
+      second table: the page's extra (server growth + renderer + browser) is what the runs lose.
     * Updates per second: during each page round a 20 ms ``setInterval`` in the page polls the
       length of each run's ``loss-source-<run id>`` in ``Bokeh.documents`` (it looks the sources
       up among all models every 0.5 s, not on every poll, to keep its own CPU cost small); a change
@@ -70,6 +74,7 @@ from . import bokeh_path
 from .browser import (INSPECT_ENV, VIEWPORT, AppServer, DashboardPage, browser_unavailable, http_status,
                       launch_chromium, wait_until)
 from .kit import BenchOptions, Column, Goal, SuiteNotAvailable, SuiteResult, Table, suite
+from .proc_cpu import cpu_by_kind, used_since
 
 # The page takes a second press of Start within 0.5 s of the first as a double click (and drops it);
 # a 1-epoch run can end sooner than that.
@@ -462,7 +467,10 @@ def _without_ste(cfg: dict) -> dict:
 
 
 def _headless_four(server: AppServer, epochs: int, kind: str = "digits") -> dict:
-    return _group_throughput(server.inspect(f"/headless?epochs={epochs}&kind={kind}", timeout=900)["runs"])
+    before = cpu_by_kind(server.proc.pid)
+    out = _group_throughput(server.inspect(f"/headless?epochs={epochs}&kind={kind}", timeout=900)["runs"])
+    out["cpu_by_kind"] = used_since(before, server.proc.pid)
+    return out
 
 
 def _page_four(browser, server: AppServer, epochs: int, timeout: float, kind: str = "digits") -> dict:
@@ -472,10 +480,12 @@ def _page_four(browser, server: AppServer, epochs: int, timeout: float, kind: st
         set_page_config(dp, epochs, kind=kind)
         before = set(server.runs())
         dp.start_update_counter("loss-source-")
+        cpu_before = cpu_by_kind(server.proc.pid)
         dp.click("Compare STE kinds")
         ids = [r["id"] for r in _new_runs(server, before, 4)]
         s0 = server.inspect("/state?config=0&ids=-")     # the runs have just started
         runs = _wait_done(server, ids, timeout)
+        cpu = used_since(cpu_before, server.proc.pid)
         s1 = server.inspect("/state?config=0&ids=-")
         out = _group_throughput(runs)
         out["loop_cpu_s"] = s1["loop_cpu_s"] - s0["loop_cpu_s"]
@@ -484,7 +494,7 @@ def _page_four(browser, server: AppServer, epochs: int, timeout: float, kind: st
         time.sleep(0.5)   # let the last tick arrive
         changes = {k: v for k, v in dp.stop_update_counter().items() if k.removeprefix("loss-source-") in ids}
         want = _without_ste(bench_config(epochs, kind=kind).to_dict())
-        out.update(rates=update_rates(changes), sources=len(changes), page_status=shown,
+        out.update(rates=update_rates(changes), sources=len(changes), page_status=shown, cpu_by_kind=cpu,
                    same_config=all(_without_ste(r["config"]) == want for r in runs),
                    console_errors=list(dp.console_errors))
         return out
@@ -770,6 +780,7 @@ def _throughput_part(browser, server, p, tag, kind: str = "digits"):
             "sources": b["sources"], "same_config": b["same_config"], "page_status": b["page_status"],
             "headless_statuses": h["statuses"], "page_statuses": b["statuses"],
             "console_errors": b["console_errors"], "rates": b["rates"],
+            "headless_cpu": h["cpu_by_kind"], "page_cpu": b["cpu_by_kind"],
         })
     what = "" if kind == "digits" else f", the page's default CNN on mnist ({epochs} epochs; informational)"
     table = Table(f"(a) four STE runs: headless vs streaming to one page{what}{tag}", [
@@ -804,7 +815,25 @@ def _throughput_part(browser, server, p, tag, kind: str = "digits"):
                       (f"{statistics.median(cpu):.2f} cores (median; per round: "
                        + ", ".join(f"{c:.2f}" for c in cpu) + ")") if cpu else "not measured",
                       f"< {GOAL_SERVER_CPU}"))
-    return rounds, table, goals
+    return rounds, [table, _cpu_table(rounds, what + tag)], goals
+
+
+def _cpu_table(rounds: list[dict], what: str) -> Table:
+    """Where each round's CPU went: CPU seconds per kind of process, headless vs with the page."""
+    rows = []
+    for r in rounds:
+        h, b = r["headless_cpu"], r["page_cpu"]
+        rows.append({"round": r["round"], "workers_h": h["workers"], "workers_p": b["workers"],
+                     "server_h": h["server"], "server_p": b["server"], "renderer": b["renderer"],
+                     "browser": b["browser"],
+                     "extra": sum(b[k] - h[k] for k in ("server", "renderer", "browser"))})
+    return Table(f"(a) where the CPU went, CPU seconds from the start to the end of each condition's runs "
+                 f"(workers: the local cluster's processes; browser: Chromium apart from its renderers){what}", [
+        Column("round", "round"), Column("workers_h", "workers headless", "{:.2f}"),
+        Column("workers_p", "workers with page", "{:.2f}"), Column("server_h", "server headless", "{:.2f}"),
+        Column("server_p", "server with page", "{:.2f}"), Column("renderer", "page's renderer", "{:.2f}"),
+        Column("browser", "browser other", "{:.2f}"),
+        Column("extra", "page's extra (server + renderer + browser)", "{:.2f}")], rows)
 
 
 def _memory_part(browser, server, p, tag):
@@ -941,16 +970,16 @@ def run(opts: BenchOptions) -> SuiteResult:
                 _headless_four(server, p["epochs"])
                 _page_four(browser, server, 2, timeout=300)
 
-                rounds, table, gs = _throughput_part(browser, server, p, tag)
+                rounds, tabs, gs = _throughput_part(browser, server, p, tag)
                 extra["rounds"] = rounds
-                tables.append(table)
+                tables += tabs
                 goals += gs
 
                 if p["cnn_rounds"]:
                     _headless_four(server, 1, "cnn")   # warm-up: the CNN's kernels and data loaded
-                    cnn_rounds, table, gs = _throughput_part(browser, server, p, tag, kind="cnn")
+                    cnn_rounds, tabs, gs = _throughput_part(browser, server, p, tag, kind="cnn")
                     extra["cnn_rounds"] = cnn_rounds
-                    tables.append(table)
+                    tables += tabs
                     notes.append("(a) with the page's default CNN on mnist (informational, not a goal): "
                                  + "; ".join(f"{g.name.removesuffix(tag)}: {g.measured}" for g in gs))
 

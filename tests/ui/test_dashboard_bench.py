@@ -9,6 +9,9 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -16,7 +19,7 @@ import pytest
 
 from qatlab import bench
 
-from qatlab.bench import browser, dashboard as bd
+from qatlab.bench import browser, dashboard as bd, proc_cpu
 from qatlab.bench.kit import BenchOptions, SuiteNotAvailable, load_suite
 
 QUICK = BenchOptions(quick=True, repeats=1, warmup=0, min_time=0.0)
@@ -31,6 +34,29 @@ def test_unavailable_without_chromium(monkeypatch):
     assert "chromium not found" in browser.browser_unavailable()
     with pytest.raises(SuiteNotAvailable, match="chromium"):
         bd.run(QUICK)
+
+
+# A child that uses 0.3 s of CPU, says so, and lives on until its stdin closes.
+_BUSY_CHILD = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.3:\n    pass\n"
+               "print('done', flush=True)\nsys.stdin.read()\n")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads Linux's /proc")
+def test_cpu_by_kind_counts_the_server_and_its_descendants():
+    before = proc_cpu.cpu_by_kind(os.getpid())           # this process plays the server
+    child = subprocess.Popen([sys.executable, "-c", _BUSY_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "done"
+        t = time.process_time()
+        while time.process_time() - t < 0.2:
+            pass
+        used = proc_cpu.used_since(before, os.getpid())
+    finally:
+        child.stdin.close()
+        child.wait(10)
+    assert set(used) == set(proc_cpu.KINDS)
+    assert used["workers"] >= 0.25 and used["server"] >= 0.15
 
 
 def test_update_rates():
@@ -200,7 +226,8 @@ def _fake_parts(monkeypatch, *, page_rate: float, rss_hi: int, probe_max: float,
     monkeypatch.setattr(pw_api, "sync_playwright", lambda: _FakePlaywright())
     monkeypatch.setattr(bd, "launch_chromium", lambda pw: _FakeBrowser())
     monkeypatch.setattr(bd, "AppServer", _FakeServer)
-    head = {"steps": 5520, "wall_s": 2.0, "steps_per_s": 2760.0, "statuses": ["finished"], "ids": []}
+    head = {"steps": 5520, "wall_s": 2.0, "steps_per_s": 2760.0, "statuses": ["finished"], "ids": [],
+            "cpu_by_kind": {"workers": 13.0, "server": 0.7, "renderer": 0.0, "browser": 0.01}}
     calls = []
     monkeypatch.setattr(bd, "_headless_four",
                         lambda server, epochs, kind="digits": calls.append(("headless", epochs, kind)) or dict(head))
@@ -211,7 +238,8 @@ def _fake_parts(monkeypatch, *, page_rate: float, rss_hi: int, probe_max: float,
         rate = page_rate if kind == "digits" else page_rate / 2    # the CNN's rounds: a different ratio
         return {**head, "steps_per_s": rate, "wall_s": 5520 / rate, "rates": rates, "sources": 4,
                 "page_status": "finished", "same_config": True, "console_errors": [], "loop_cpu_s": 0.1,
-                "cpu_s": cpu * 2.0, "cpu_wall_s": 2.0}
+                "cpu_s": cpu * 2.0, "cpu_wall_s": 2.0,
+                "cpu_by_kind": {"workers": 13.2, "server": 1.4, "renderer": 2.0, "browser": 0.31}}
     monkeypatch.setattr(bd, "_page_four", page_four)
     monkeypatch.setattr(bd, "_memory", lambda browser, server, lo, hi, timeout: {
         "points": {"lo": {"steps": lo, "rss": 300 * 2**20, "log_nbytes": 2**20},
@@ -264,7 +292,7 @@ def _verdicts(result) -> dict:
     return out
 
 
-TABLE_KINDS = {"ratio": "throughput", "rss_mib": "memory", "per_run_kib": "runs_memory",
+TABLE_KINDS = {"ratio": "throughput", "renderer": "cpu", "rss_mib": "memory", "per_run_kib": "runs_memory",
                "midrun_stop_s": "sessions", "server_status": "divergence"}
 
 
@@ -286,9 +314,9 @@ def test_suite_structure_all_pass(monkeypatch, tmp_path):
     calls = _fake_parts(monkeypatch, page_rate=2500.0, rss_hi=310 * 2**20, probe_max=0.5, diverged=True)
     result, payload, text = _run(tmp_path, QUICK)
     assert payload["suite"] == "dashboard" and payload["extra"]["params"] == bd.QUICK
-    assert [_kind(t) for t in payload["tables"]] == ["throughput", "throughput", "memory", "runs_memory",
-                                                     "sessions", "divergence"]
-    assert all("[quick]" in t["title"] for t in payload["tables"][:5])          # --quick results are labelled
+    assert [_kind(t) for t in payload["tables"]] == ["throughput", "cpu", "throughput", "cpu", "memory",
+                                                     "runs_memory", "sessions", "divergence"]
+    assert all("[quick]" in t["title"] for t in payload["tables"][:7])          # --quick results are labelled
     tables = _tables(payload)
 
     # (a) throughput, the digits MLP: 2500 steps/s with the page vs 2760 headless
@@ -298,6 +326,10 @@ def test_suite_structure_all_pass(monkeypatch, tmp_path):
     assert row["updates_median"] == pytest.approx(9.5) and row["server_cpu"] == pytest.approx(0.1)
     assert row["page_wall_s"] == pytest.approx(5520 / 2500) and row["headless_wall_s"] == pytest.approx(2.0)
     assert row["loop_cpu_pct"] == pytest.approx(100 * 0.1 / (5520 / 2500))
+    # where the CPU went: the page's extra = its server's growth + the renderer + the rest of the browser
+    (cpu_row,) = tables["cpu"][0]["rows"]
+    assert (cpu_row["workers_h"], cpu_row["workers_p"], cpu_row["renderer"]) == pytest.approx((13.0, 13.2, 2.0))
+    assert cpu_row["extra"] == pytest.approx((1.4 - 0.7) + 2.0 + (0.31 - 0.01))
     # the CNN rounds: after a warm-up, headless and page rounds of the page's default experiment; no goal
     assert calls.count(("headless", 1, "cnn")) == 2 and calls.count(("page", 1, "cnn")) == 1
     assert calls.count(("page", bd.QUICK["epochs"], "digits")) == 1
