@@ -589,3 +589,46 @@ def test_a_forked_child_opens_its_own_connection(store):
     assert child.exitcode == 0
     store.append_rows(rid, [{"step": 200}])          # the parent's connection still works
     np.testing.assert_array_equal(store.history(rid)["step"], [0, 1, 2, 3, 4, 100, 101, 102, 103, 104, 200])
+
+
+def test_compacting_merges_each_kinds_rows_into_full_chunks_in_order(store, monkeypatch):
+    from qatlab.store import rows as R
+    monkeypatch.setattr(R, "CHUNK_ROWS", 100)
+    rows = [{"step": i, "loss": i / 7} if i % 9 else {"step": i, "test_accuracy": i / 11} for i in range(537)]
+    rid = store.create_run(tiny())
+    for start in range(0, len(rows), 37):          # several batches, as a live run flushes them
+        store.append_rows(rid, rows[start:start + 37])
+    before = store.history(rid)
+    store.finish(rid, RunResult(history={}, final={}))
+    with store._read() as conn:
+        sizes = conn.execute("SELECT kind, n FROM row_chunks WHERE run_id = ? ORDER BY kind, first_seq",
+                             (rid,)).fetchall()
+    per_kind: dict = {}
+    for kind, n in sizes:
+        per_kind.setdefault(kind, []).append(n)
+    n_steps = sum(1 for i in range(537) if i % 9)
+    assert sorted(per_kind.values()) == sorted([[60], [100] * (n_steps // 100) + [n_steps % 100]])
+    after = store.history(rid)
+    assert list(after) == list(before)
+    for key in before:
+        np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+
+
+def test_compacting_holds_a_few_chunks_not_the_whole_history(store, monkeypatch):
+    import tracemalloc
+    from qatlab.store import rows as R
+    monkeypatch.setattr(R, "CHUNK_ROWS", 2000)
+    cols = [f"c{j}" for j in range(20)]
+    rid = store.create_run(tiny())
+    n = 40_000
+    for start in range(0, n, 500):
+        store.append_rows(rid, [{"step": i, **dict.fromkeys(cols, 0.5)} for i in range(start, start + 500)])
+    history_bytes = n * (len(cols) + 1) * 8            # 6.7 MB of float64
+    tracemalloc.start()
+    try:
+        store.finish(rid, RunResult(history={}, final={}))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < history_bytes / 4
+    assert len(store.history(rid)["step"]) == n

@@ -14,8 +14,8 @@ import numbers
 
 import numpy as np
 
-#: A compacted chunk holds at most this many rows.
-CHUNK_ROWS = 65536
+#: A compacted chunk holds at most this many rows (compacting holds about four chunks in memory).
+CHUNK_ROWS = 16384
 _REAL_TYPES = frozenset((int, float, bool, np.float64, np.float32, np.int64))
 #: MetricsLog's own row numbering; the store numbers rows itself (``history()["row_id"]``).
 ROW_ID = "row_id"
@@ -161,14 +161,40 @@ def read(conn, run_id: str) -> dict[str, np.ndarray]:
 
 
 def compact(conn, run_id: str) -> None:
-    """Merge the run's chunks of each kind into chunks of up to :data:`CHUNK_ROWS` rows."""
-    _, kinds = _chunks(conn, run_id)
-    for kind_keys, seqs, payloads in kinds.values():
-        if len(seqs) == 1:
+    """Merge the run's chunks of each kind into chunks of up to :data:`CHUNK_ROWS` rows, reading the
+    stored chunks in order and writing each merged chunk as soon as it is full, so the memory it takes
+    does not grow with the run's length."""
+    kinds = conn.execute("SELECT kind, COUNT(*) FROM row_chunks WHERE run_id = ? GROUP BY kind", (run_id,))
+    for kind, count in kinds.fetchall():
+        if count == 1:
             continue
-        kind = kind_id(conn, kind_keys)
-        parts = [_decode(kind_keys, a, b) for a, b in zip(seqs, payloads)]
-        s, v = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts], axis=1).T
-        conn.execute("DELETE FROM row_chunks WHERE run_id = ? AND kind = ?", (run_id, kind))
-        for start in range(0, len(s), CHUNK_ROWS):
-            _insert_chunk(conn, run_id, kind, s[start:start + CHUNK_ROWS], v[start:start + CHUNK_ROWS])
+        keys = tuple(json.loads(conn.execute("SELECT columns FROM row_kinds WHERE id = ?", (kind,)).fetchone()[0]))
+        firsts = [f for (f,) in conn.execute("SELECT first_seq FROM row_chunks WHERE run_id = ? AND kind = ? "
+                                             "ORDER BY first_seq", (run_id, kind))]
+        seqs, values, n = [], [], 0            # rows read and not yet written: (m,) and (columns, m) parts
+        for i, first in enumerate(firsts):
+            blob = conn.execute("SELECT seqs, payload FROM row_chunks WHERE run_id = ? AND first_seq = ?",
+                                (run_id, first)).fetchone()
+            s, v = _decode(keys, *blob)
+            seqs.append(s)
+            values.append(v)
+            n += len(s)
+            last = i == len(firsts) - 1
+            if n >= CHUNK_ROWS or last:
+                # the stored chunks read so far go, then the merged ones take their place
+                conn.execute("DELETE FROM row_chunks WHERE run_id = ? AND kind = ? AND first_seq BETWEEN ? AND ?",
+                             (run_id, kind, int(seqs[0][0]), first))
+                seqs, values = _write_merged(conn, run_id, kind, seqs, values, all_rows=last)
+                n = sum(len(x) for x in seqs)
+
+
+def _write_merged(conn, run_id, kind, seqs, values, all_rows: bool):
+    """Write the parts' rows as chunks of :data:`CHUNK_ROWS` rows (and, with ``all_rows``, the rest);
+    returns the rows left unwritten, as parts."""
+    s, v = np.concatenate(seqs), np.concatenate(values, axis=1)
+    start = 0
+    while len(s) - start >= (1 if all_rows else CHUNK_ROWS):
+        end = min(start + CHUNK_ROWS, len(s))
+        _insert_chunk(conn, run_id, kind, s[start:end], v[:, start:end].T)
+        start = end
+    return ([s[start:]], [v[:, start:]]) if start < len(s) else ([], [])
