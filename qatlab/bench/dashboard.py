@@ -721,7 +721,11 @@ def _start_and_wait(dp: DashboardPage, server: AppServer, timeout: float = 120.0
     """Press ``Start``; wait for the new run to end on the server and for the page to show its status."""
     before = set(server.runs())
     dp.click("Start")
-    rid = _new_runs(server, before, 1)[0]["id"]
+    try:
+        rid = _new_runs(server, before, 1)[0]["id"]
+    except AssertionError as exc:     # say what the page showed instead
+        raise AssertionError(f"{exc}; the page's config alert: {dp.text_of('.qatlab-config-error')!r}, "
+                             f"run alert: {dp.text_of('.qatlab-run-alert')!r}") from None
     run = _wait_done(server, [rid], timeout)[0]
     out = {"run": rid, "server_status": run["status"], "message": run["message"]}
     name = run["name"]      # the alert names the run (a RemoteRun's default name: its id's first 8 characters)
@@ -743,6 +747,7 @@ def _divergence(browser, server: AppServer) -> dict:
         dp.set_input("Epochs", 5)
         out["ce"] = _start_and_wait(dp, server)
         dp.select("Loss", "mse")
+        time.sleep(PRESS_SPACING_S)      # that run can end within the page's double-click window
         out["mse"] = _start_and_wait(dp, server)
         out["traceback_in_page"] = "Traceback" in dp.body_text()
         out["console_errors"] = list(dp.console_errors)
