@@ -68,6 +68,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 
@@ -960,15 +961,19 @@ def run(opts: BenchOptions) -> SuiteResult:
     tag = " [quick]" if opts.quick else ""
     tables, goals, extra = [], [], {"params": p}
     notes = [f"server: `panel serve app/` subprocess (+ --setup inspector on a second port, "
-             f"--check-unused-sessions {CHECK_UNUSED_MS} --unused-session-lifetime {UNUSED_LIFETIME_MS}); "
-             "browser: headless chromium on the same cores",
+             f"--check-unused-sessions {CHECK_UNUSED_MS} --unused-session-lifetime {UNUSED_LIFETIME_MS}, "
+             "a temporary run store); browser: headless chromium on the same cores",
              f"config: ExperimentConfig() typed into the page (digits, 64-256-10 ternary, adam, metrics every 10 "
              f"steps; the page's own default is the mnist CNN) with "
              f"epochs = {p['epochs']} for (a), {p['session_epochs']} for (b)"]
     if opts.quick:
         notes.append("--quick: 1 round, shorter runs, fewer sessions, smaller memory span (labelled [quick])")
+    # a store of its own: the bench's hundreds of runs stay out of the user's, and its numbers do not
+    # depend on how many runs that one holds
+    store_dir = tempfile.TemporaryDirectory(prefix="qatlab-bench-dashboard-")
     server = AppServer(inspect=True, extra_args=["--check-unused-sessions", str(CHECK_UNUSED_MS),
-                                                 "--unused-session-lifetime", str(UNUSED_LIFETIME_MS)])
+                                                 "--unused-session-lifetime", str(UNUSED_LIFETIME_MS)],
+                       env={"QATLAB_STORE": os.path.join(store_dir.name, "runs.sqlite")})
     server.start()
     try:
         with sync_playwright() as pw:
@@ -1015,6 +1020,7 @@ def run(opts: BenchOptions) -> SuiteResult:
                 browser.close()
     finally:
         server.stop()
+        store_dir.cleanup()
     errors = ([e for r in extra.get("rounds", []) + extra.get("cnn_rounds", []) for e in r["console_errors"]]
               + extra.get("memory", {}).get("console_errors", []) + extra.get("sessions", {}).get("console_errors", [])
               + extra.get("runs_memory", {}).get("console_errors", [])

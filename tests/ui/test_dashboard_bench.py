@@ -190,9 +190,10 @@ def test_inspector_trains_a_headless_comparison_on_the_cluster(inspector, client
 class _FakeServer:
     url = "http://localhost:1/app"
     probe_url = "http://localhost:1/static/x.css"
+    env: dict = {}
 
     def __init__(self, *a, **k):
-        pass
+        _FakeServer.env = dict(k.get("env") or {})
 
     def start(self):
         return self
@@ -315,6 +316,8 @@ def test_suite_structure_all_pass(monkeypatch, tmp_path):
     calls = _fake_parts(monkeypatch, page_rate=2500.0, rss_hi=310 * 2**20, probe_max=0.5, diverged=True)
     result, payload, text = _run(tmp_path, QUICK)
     assert payload["suite"] == "dashboard" and payload["extra"]["params"] == bd.QUICK
+    # the server keeps the bench's runs in a temporary store, never the user's
+    assert "qatlab-bench-dashboard-" in _FakeServer.env["QATLAB_STORE"]
     assert [_kind(t) for t in payload["tables"]] == ["throughput", "cpu", "throughput", "cpu", "memory",
                                                      "runs_memory", "sessions", "divergence"]
     assert all("[quick]" in t["title"] for t in payload["tables"][:7])          # --quick results are labelled
