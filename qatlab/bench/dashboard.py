@@ -24,7 +24,7 @@ the workers; its rendering load is part of what is measured.
     * Where the CPU went: each condition's CPU seconds per kind of process (the server, its
       cluster's worker processes, the page's renderer, the rest of Chromium; read from ``/proc`` by
       :mod:`qatlab.bench.proc_cpu`) from just before the runs start until they have ended, in a
-      second table: the page's extra (server growth + renderer + browser) is what the runs lose.
+      second table, with the page's extra (the server's growth, the renderer, the rest of Chromium).
     * Updates per second: during each page round a 20 ms ``setInterval`` in the page polls the
       length of each run's ``loss-source-<run id>`` in ``Bokeh.documents`` (it looks the sources
       up among all models every 0.5 s, not on every poll, to keep its own CPU cost small); a change
@@ -506,7 +506,7 @@ def _page_four(browser, server: AppServer, epochs: int, timeout: float, kind: st
 
 def _memory(browser, server: AppServer, lo: int, hi: int, timeout: float) -> dict:
     # Twice the steps needed, so the run still trains when ``hi`` is read (it is stopped then): a run
-    # that ends merges its stored rows, briefly holding its whole history (about 36 MiB at 100k rows).
+    # that ends merges its stored rows, a transient that is not what the goal measures.
     epochs = 2 * hi // STEPS_PER_EPOCH
     ctx = browser.new_context(viewport=VIEWPORT)
     samples, points = [], {}
@@ -862,7 +862,8 @@ def _memory_part(browser, server, p, tag):
                     f"{growth:+.1f}% ({pts['lo']['rss'] / 2**20:.0f} -> {pts['hi']['rss'] / 2**20:.0f} MiB; "
                     f"page source held {mem['page_rows']} rows)", "<= +10%")
     else:
-        goal = Goal(name, None, f"run ended ({mem['status']}) before it was read at {p['mem_hi']} steps", "<= +10%")
+        goal = Goal(name, None, f"run ended ({mem['status']}) before it was read at {p['mem_hi']} steps",
+                    "<= +10%")
     return mem, table, goal
 
 
