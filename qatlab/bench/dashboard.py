@@ -76,7 +76,7 @@ from . import bokeh_path
 from .browser import (INSPECT_ENV, VIEWPORT, AppServer, DashboardPage, browser_unavailable, http_status,
                       launch_chromium, wait_until)
 from .kit import BenchOptions, Column, Goal, SuiteNotAvailable, SuiteResult, Table, suite
-from .proc_cpu import cpu_by_kind, used_since
+from .proc_cpu import cpu_by_kind, cpu_seconds, stat_fields, used_since
 
 # The page takes a second press of Start within 0.5 s of the first as a double click (and drops it);
 # a 1-epoch run can end sooner than that.
@@ -215,11 +215,10 @@ def _rss_bytes() -> int:
 def loop_cpu_seconds() -> float:
     """CPU seconds the process's main thread (the server's event loop: sessions, ticks, serialisation)
     has used, from ``/proc/self/task/<tid>/stat`` (NaN where that is not readable)."""
+    fields = stat_fields(f"/proc/self/task/{threading.main_thread().native_id}/stat")
     try:
-        with open(f"/proc/self/task/{threading.main_thread().native_id}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime + stime
-    except (OSError, ValueError, IndexError):
+        return math.nan if fields is None else cpu_seconds(fields)
+    except (ValueError, IndexError):
         return math.nan
 
 

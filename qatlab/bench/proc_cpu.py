@@ -13,14 +13,24 @@ import os
 KINDS = ("workers", "server", "renderer", "browser")
 
 
-def _stat(pid: str) -> tuple[int, float] | None:
-    """(parent pid, CPU seconds: user + system) of process ``pid``, or None if it is gone."""
+def stat_fields(path: str) -> list[str] | None:
+    """The fields after the command name of a ``/proc/.../stat`` file (its state first), or None."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        with open(path) as f:
+            return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(fields: list[str]) -> float:
+    """User + system CPU seconds of :func:`stat_fields` (a process's or one thread's)."""
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: str) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds) of process ``pid``, or None if it is gone."""
+    fields = stat_fields(f"/proc/{pid}/stat")
+    return None if fields is None else (int(fields[1]), cpu_seconds(fields))
 
 
 def _cmdline(pid: str) -> str:
