@@ -254,3 +254,9 @@ def test_layer_arguments_are_checked():
         ql.MaxPool2d(3).forward(np.zeros((1, 1, 2, 5)))
     conv.weight = np.ones((4, 2, 5, 5))
     assert conv.weight.dtype == np.float32 and conv.weight.sum() == 200
+    for layer, field, bad in [(conv, "weight", np.full((4, 2, 5, 5), np.nan)), (conv, "bias", np.full(4, np.inf)),
+                              (ql.Linear(3, 2), "weight", np.full((2, 3), np.nan))]:
+        before = getattr(layer, field).copy()
+        with pytest.raises(ValueError, match=f"{field}: must hold finite numbers"):
+            setattr(layer, field, bad)
+        assert np.array_equal(getattr(layer, field), before)

@@ -220,3 +220,33 @@ def test_calculate_qparams_is_usable_by_fakequantize(rng):
         fq = ql.FakeQuantize(bits=6, symmetric=False, observer=obs)
         s, zp = fq.calibrate(x)
         assert fq.observer is obs and math.isfinite(s) and 0 <= zp <= 63
+
+
+@pytest.mark.parametrize("qmin,qmax", [(10, 0), (0, 0), (0.0, 255), (True, 5), (0, "255")])
+def test_calculate_qparams_checks_the_range(rng, qmin, qmax):
+    obs = ql.MinMaxObserver()
+    obs.observe(batches(rng)[0])
+    with pytest.raises(ValueError, match="qmin, qmax"):
+        obs.calculate_qparams(qmin, qmax, False)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_a_range_beyond_float32_caps_the_scale(symmetric):
+    """PyTorch's scale overflows to inf here (then every output is NaN); ours stops at SCALE_MAX."""
+    from qatlab.quant.checks import SCALE_MAX
+    fq = ql.FakeQuantize(bits=8, symmetric=symmetric, zero_point=0)
+    with np.errstate(all="raise"):
+        scale, _ = fq.calibrate(np.array([-3e38, 3e38], F32))
+    assert scale == pytest.approx(SCALE_MAX) and fq.scale == scale
+    y = fq.forward(np.array([1.0, -1.0, 3e38], F32))
+    assert np.all(np.isfinite(y))
+    fq.scale = fq.scale                     # the stored scale is one the setter accepts
+
+
+def test_observer_arguments_of_the_wrong_type():
+    with pytest.raises(TypeError, match="axis"):
+        ql.MinMaxObserver(axis=True)
+    with pytest.raises(TypeError, match="averaging_constant"):
+        ql.MovingAverageMinMaxObserver("0.1")
+    with pytest.raises(TypeError, match="averaging_constant"):
+        ql.MovingAverageMinMaxObserver(True)

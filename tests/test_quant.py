@@ -602,9 +602,56 @@ def test_per_channel_channel_count_mismatch(rng):
 
 
 def test_per_channel_values_without_axis_rejected():
-    fq = ql.FakeQuantize(bits=8, scale=np.full(3, 0.1), zero_point=np.zeros(3, np.int64))
     with pytest.raises(ValueError, match="axis"):
-        fq.forward(np.zeros(3, F32))
+        ql.FakeQuantize(bits=8, scale=np.full(3, 0.1), zero_point=np.zeros(3, np.int64))
+    fq = make(bits=8, scale=0.1)
+    before = snapshot(fq)
+    with pytest.raises(ValueError, match="axis"):
+        fq.update_params(np.full(3, 0.1), 0)
+    with pytest.raises(ValueError, match="axis"):
+        fq.scale = np.full(3, 0.1)
+    assert_same_snapshot(before, snapshot(fq))
+    pc = ql.FakeQuantize(bits=8, scale=np.full(3, 0.1), zero_point=np.zeros(3, np.int64), axis=0)
+    with pytest.raises(ValueError, match="axis"):
+        pc.axis = None
+
+
+def test_per_channel_shapes_rechecked_when_one_field_is_set():
+    fq = ql.FakeQuantize(bits=8, scale=np.full(3, 0.1, F32), zero_point=np.zeros(3, np.int64), axis=0)
+    before = snapshot(fq)
+    with pytest.raises(ValueError, match="zero_point: shape"):
+        fq.scale = np.full(2, 0.1, F32)
+    with pytest.raises(ValueError, match="zero_point: shape"):
+        fq.zero_point = np.zeros(4, np.int64)
+    assert_same_snapshot(before, snapshot(fq))
+
+
+@pytest.mark.parametrize("field", ["bits", "axis"])
+def test_booleans_are_not_integers(field):
+    with pytest.raises(TypeError, match=field):
+        ql.FakeQuantize(**{field: True})
+    fq = make()
+    before = snapshot(fq)
+    with pytest.raises(TypeError, match=field):
+        setattr(fq, field, True)
+    assert_same_snapshot(before, snapshot(fq))
+    with pytest.raises(ValueError, match="zero_point"):
+        ql.FakeQuantize(zero_point=True)
+
+
+@pytest.mark.parametrize("axis", [None, 0])
+def test_disabled_backward_gives_a_zero_scale_gradient_of_the_scale_shape(rng, axis):
+    scale = 0.1 if axis is None else np.full(3, 0.1, F32)
+    zp = 0 if axis is None else np.zeros(3, np.int64)
+    fq = make(scale=scale, zp=zp, axis=axis, learn_scale=True)
+    x = rng.standard_normal((3, 5)).astype(F32)
+    fq.backward(x, x)
+    assert np.any(np.asarray(fq.scale_grad) != 0)
+    fq.enabled = False
+    dx, d_scale = fq.backward(x, x, return_scale_grad=True)
+    assert np.array_equal(dx, x)
+    assert np.shape(d_scale) == np.shape(scale) and not np.any(d_scale)
+    assert np.shape(fq.scale_grad) == np.shape(scale) and not np.any(fq.scale_grad)   # not the last enabled one
 
 
 # ----------------------------------------------------------------------------- validation

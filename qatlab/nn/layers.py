@@ -433,4 +433,6 @@ def _assign(target: np.ndarray, value, name: str) -> None:
         raise TypeError(f"{name}: expected a numeric array, got dtype {v.dtype}")
     if v.shape != target.shape:
         raise ValueError(f"{name}: expected shape {target.shape}, got {v.shape}")
+    if not np.all(np.isfinite(v)):
+        raise ValueError(f"{name}: must hold finite numbers (no NaN or inf)")
     target[...] = v

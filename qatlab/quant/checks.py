@@ -55,7 +55,7 @@ def check_scale(scale) -> np.ndarray:
 
 def check_zero_point(zero_point, qmin: int, qmax: int) -> np.ndarray:
     arr = np.asarray(zero_point)
-    integral = arr.dtype.kind in "iub" or (
+    integral = arr.dtype.kind in "iu" or (
         arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)))
     if arr.ndim > 1 or arr.size == 0 or not integral:
         raise ValueError(f"zero_point: must be an integer (or a 1-D array of them), got {zero_point!r}")

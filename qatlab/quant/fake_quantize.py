@@ -42,7 +42,7 @@ from .observers import MinMaxObserver
 from .ste import SteKind
 
 
-_RANGE_FIELDS = ("bits", "symmetric", "narrow_range", "zero_point")
+_CHECKED_FIELDS = ("bits", "symmetric", "narrow_range", "scale", "zero_point", "axis")
 
 
 class FakeQuantize(param.Parameterized):
@@ -69,8 +69,7 @@ class FakeQuantize(param.Parameterized):
     def __init__(self, observer: MinMaxObserver | None = None, **params):
         self._ready = False
         super().__init__(**params)
-        self._validate_range(**{k: getattr(self, k) for k in _RANGE_FIELDS})
-        self._validate_shape_pair(self.scale, self.zero_point)
+        self._validate(**{k: getattr(self, k) for k in _CHECKED_FIELDS})
         self._own_observer = observer is None
         self.observer = observer if observer is not None else MinMaxObserver(axis=self.axis)
         self.scale_grad = None
@@ -79,21 +78,25 @@ class FakeQuantize(param.Parameterized):
         self._ready = True
 
     def __setattr__(self, name, value):
-        if name in _RANGE_FIELDS and getattr(self, "_ready", False):
-            candidate = {k: getattr(self, k) for k in _RANGE_FIELDS}
+        if name in _CHECKED_FIELDS and getattr(self, "_ready", False):
+            candidate = {k: getattr(self, k) for k in _CHECKED_FIELDS}
             candidate[name] = value
-            self._validate_range(**candidate)
+            self._validate(**candidate)
         super().__setattr__(name, value)
 
     @staticmethod
-    def _validate_range(bits, symmetric, narrow_range, zero_point):
+    def _validate(bits, symmetric, narrow_range, scale, zero_point, axis):
+        """The fields that must agree: the range holds the zero point; per-channel arrays match in
+        shape and come with an ``axis``."""
+        for field, value in (("bits", bits), ("axis", axis)):
+            if isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{field}: must be an integer, got {value!r}")
         qmin, qmax = integer_range(int(bits), bool(symmetric), bool(narrow_range))
         check_zero_point(zero_point, qmin, qmax)
-
-    @staticmethod
-    def _validate_shape_pair(scale, zero_point):
         if np.ndim(zero_point) and np.ndim(scale) and np.shape(scale) != np.shape(zero_point):
             raise ValueError(f"zero_point: shape {np.shape(zero_point)} does not match scale shape {np.shape(scale)}")
+        if axis is None and (np.ndim(scale) or np.ndim(zero_point)):
+            raise ValueError("axis: per-channel scale/zero_point arrays need an axis; got axis=None")
 
     @classmethod
     def with_defaults(cls, bits: int, symmetric: bool) -> "FakeQuantize":
@@ -117,9 +120,7 @@ class FakeQuantize(param.Parameterized):
     def update_params(self, scale, zero_point) -> None:
         """Set scale and zero-point together (validated first; nothing changes on error)."""
         check_scale(scale)
-        qmin, qmax = self.quant_range()
-        check_zero_point(zero_point, qmin, qmax)
-        self._validate_shape_pair(scale, zero_point)
+        self._validate(self.bits, self.symmetric, self.narrow_range, scale, zero_point, self.axis)
         if np.ndim(scale):
             scale = np.asarray(scale, dtype=np.float32).copy()
         if np.ndim(zero_point):
@@ -250,10 +251,13 @@ class FakeQuantize(param.Parameterized):
         out = out_buffer(out, x.shape, "out")
         enabled, _, _, learn_scale, code = self._flags()[:5]
         want_scale = return_scale_grad or learn_scale
-        if not enabled:
-            np.copyto(out, g)
-            return (out, 0.0) if return_scale_grad else out
         xv, channels = self._views(x)
+        if not enabled:    # y = x: the scale has no effect on the loss
+            np.copyto(out, g)
+            d_scale = 0.0 if channels is None else np.zeros(channels)
+            if learn_scale:
+                self.scale_grad = d_scale
+            return (out, d_scale) if return_scale_grad else out
         gv = g.reshape(xv.shape)
         inv_s, s, zp, c, inv_h, qmin, qmax = self._kernel_params(channels)
         d_scale = None
