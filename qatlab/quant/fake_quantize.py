@@ -53,6 +53,10 @@ class FakeQuantize(param.Parameterized):
     ``forward`` matches ``torch.fake_quantize_per_tensor_affine`` /
     ``..._per_channel_affine`` bit for bit on finite input; NaN input gives NaN
     output (PyTorch clamps it to qmin), +-inf saturate.
+
+    Each field is checked against the others as it is set, so a refused value changes nothing.
+    Param's ``param.update(a=..., b=...)`` sets fields one by one: an error in ``b`` leaves ``a``
+    set. ``update_params`` sets scale and zero point as one change.
     """
 
     bits = param.Integer(default=8, bounds=(1, 16), doc="Bit width (1..16).")
