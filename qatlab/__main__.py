@@ -63,6 +63,8 @@ def load_config(path: str):
             text = f.read()
     except OSError as exc:
         raise UsageError(f"{path}: cannot read the config ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not a UTF-8 text file; a config is a JSON object") from None
     try:
         values = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -104,11 +106,11 @@ class _Progress:
         share = done / total if total else 0.0
         eta = f"{(total - done) / rate:.0f}s" if rate > 0 and done < total else "-"
         text = f"{share:4.0%} {done}/{total} steps  {rate:.0f} steps/s  eta {eta}  loss {loss:.4g}"
-        width = max(10, min(40, shutil.get_terminal_size().columns - len(text) - 4))
+        width = min(40, shutil.get_terminal_size().columns - len(text) - 4)
         fill = int(share * width)
-        line = f"[{'#' * fill}{'.' * (width - fill)}] {text}"
-        if self.tty:
-            self.stream.write("\r" + line + ("\n" if final else ""))
+        line = f"[{'#' * fill}{'.' * (width - fill)}] {text}" if width >= 10 else text   # (narrow: no bar)
+        if self.tty:    # \x1b[K clears the rest of a longer previous line
+            self.stream.write("\r" + line + "\x1b[K" + ("\n" if final else ""))
         else:
             self.stream.write(line + "\n")
         self.stream.flush()
@@ -137,12 +139,20 @@ class _Flusher:
 
 
 def cmd_run(args) -> int:
+    from .runs import failure_message
+    from .store import StoreLockedError, when_unlocked
     cfg = load_config(args.config)
     store = _open_store(args.store)
     name = args.name or os.path.splitext(os.path.basename(args.config))[0]
     if args.scheduler is not None:
         return _run_remote(cfg, store, name, args.notes, args.scheduler)
-    run_id = store.create_run(cfg, name=name, notes=args.notes)
+    if cfg.data.dataset == "file" and not os.path.isfile(cfg.data.path):   # (here, not on a worker)
+        raise UsageError(f"data.path: {cfg.data.path!r} is not a file")
+    try:
+        run_id = store.create_run(cfg, name=name, notes=args.notes)
+        store.set_status(run_id, "running")
+    except (ValueError, TypeError, StoreLockedError) as exc:
+        raise UsageError(_one_line(exc)) from None
     print(f"run {run_id} ({name}) -> {store.path}", file=sys.stderr)
     rows = _Flusher(store, run_id)
     log, stop, ended, state = rows.log, threading.Event(), threading.Event(), {"done": 0, "total": 0}
@@ -155,37 +165,42 @@ def cmd_run(args) -> int:
         from .train.trainer import train_experiment
         try:
             state["result"] = train_experiment(cfg, log, report=report)
-        except BaseException:           # reported as a failed run by the main thread
-            state["error"] = traceback.format_exc()
+        except BaseException as exc:    # reported as a failed run by the main thread
+            state["error"], state["traceback"] = failure_message(exc), traceback.format_exc()
         finally:
             ended.set()
 
-    store.set_status(run_id, "running")
     thread = threading.Thread(target=train, name=f"qatlab-{run_id[:8]}", daemon=True)
-    progress, last_flush, last_beat = _Progress(), time.monotonic(), time.monotonic()
+    progress, last_flush, last_beat, locked_said = _Progress(), time.monotonic(), time.monotonic(), False
     thread.start()
     while not ended.is_set():           # (a Ctrl-C inside Thread.join can make is_alive() lie: an Event)
         try:
             ended.wait(0.1)
             now = time.monotonic()
             if rows.pending() and now - last_flush >= FLUSH_SECONDS:
+                last_flush = now
                 rows.flush()
-                last_flush = last_beat = now
-            if now - last_beat >= HEARTBEAT_SECONDS:
-                store.heartbeat([run_id])
                 last_beat = now
+            if now - last_beat >= HEARTBEAT_SECONDS:
+                last_beat = now
+                store.heartbeat([run_id])
             progress.draw(state["done"], state["total"], log.last("loss"))
+        except StoreLockedError:        # another writer holds the store: the rows wait in memory
+            if not locked_said:
+                locked_said = True
+                print("\nthe run store is locked by another writer; training goes on, rows are kept "
+                      "and written once it is free", file=sys.stderr)
         except KeyboardInterrupt:       # stop after the current step; the run is kept as stopped
             stop.set()
             print("\nstopping (Ctrl-C) ...", file=sys.stderr)
-    rows.flush()
     progress.draw(state["done"], state["total"], log.last("loss"), final=True)
+    when_unlocked(rows.flush)
     if "error" in state:
-        store.set_status(run_id, "failed", state["error"])
-        print(f"run {run_id[:8]} failed:\n{state['error']}", file=sys.stderr)
+        when_unlocked(lambda: store.set_status(run_id, "failed", state["error"]))
+        print(f"run {run_id[:8]} failed: {state['error']}\n{state['traceback']}", file=sys.stderr)
         return EXIT_FAILED
     result = state["result"]
-    store.finish(run_id, result)
+    when_unlocked(lambda: store.finish(run_id, result))
     acc = result.final.get("test_accuracy", math.nan)
     print(f"run {run_id[:8]} {result.status}: test accuracy {acc:.4f}, "
           f"{result.final.get('steps_per_second', 0.0):.0f} steps/s{'; ' + result.message if result.message else ''}",
@@ -202,13 +217,18 @@ def _run_remote(cfg, store, name: str, notes: str, address: str) -> int:
         client = connect(address)
     except (ValueError, OSError) as exc:
         raise UsageError(f"--scheduler: {' '.join(str(exc).split())}") from None
-    run = RemoteRun(cfg, name=name, store=store, client=client).start()
+    try:
+        run = RemoteRun(cfg, name=name, store=store, client=client).start()
+    except (ValueError, TypeError, TimeoutError) as exc:     # (StoreLockedError is a TimeoutError)
+        raise UsageError(_one_line(exc)) from None
     if notes:
         store.set_notes(run.id, notes)
     print(f"run {run.id} ({name}) on {address} -> {store.path}", file=sys.stderr)
     progress, stopping = _Progress(), False
-    while not run.join(0.1):
-        try:
+    while True:
+        try:                            # (Ctrl-C lands in join() most of the time)
+            if run.join(0.1):
+                break
             progress.draw(run.steps_done, run.total_steps, run.log.last("loss"))
         except KeyboardInterrupt:
             if not stopping:
@@ -228,7 +248,12 @@ def cmd_runs(args) -> int:
     from .store import STATUSES
     if args.status is not None and args.status not in STATUSES:
         raise UsageError(f"--status: expected one of {', '.join(STATUSES)}; got {args.status!r}")
-    store = _open_store(args.store)
+    from .store import default_path
+    path = os.path.abspath(args.store) if args.store else default_path()
+    if not os.path.exists(path):       # listing must not create a store at a mistyped path
+        print(f"no run store at {path}")
+        return 0 if args.store is None else EXIT_USAGE
+    store = _open_store(path)
     records = store.runs(status=args.status)
     if not records:
         print(f"no runs in {store.path}")

@@ -47,6 +47,8 @@ class _Config(param.Parameterized):
             p = cls.param[key]
             if isinstance(p, param.ClassSelector) and isinstance(value, dict):
                 value = p.class_.from_dict(value)
+            if isinstance(p, (param.Integer, param.Number)) and isinstance(value, bool):   # (Param takes True as 1)
+                raise TypeError(f"{cls.__name__}.{key}: expected a number, got {value!r}")
             kwargs[key] = value
         return cls(**kwargs)
 

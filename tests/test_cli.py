@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -34,6 +35,8 @@ def write(tmp_path, text: str, name: str = "cfg.json") -> str:
     ('{"optim": {"epochs": "many"}}', "bad config:"),
     ('{"nope": 1}', "unknown field 'nope'"),
     ('{"data": {"dataset": "file"}}', "DataConfig.path: required"),
+    ('{"data": {"dataset": "file", "path": "/nonexistent/x.npz"}}', "data.path: '/nonexistent/x.npz' is not a file"),
+    ('{"metrics_every": true}', "metrics_every: expected a number, got True"),
 ])
 def test_bad_config_is_one_line_and_exit_2(tmp_path, capsys, text, message):
     store = str(tmp_path / "s.sqlite")
@@ -53,11 +56,21 @@ def test_missing_config_and_bad_store(tmp_path, capsys):
     assert main(["runs", "--store", str(tmp_path / "s.sqlite"), "--status", "nope"]) == 2
 
 
+def test_config_that_is_not_utf8(tmp_path, capsys):
+    path = tmp_path / "binary.json"
+    path.write_bytes(b"\xff\xfe\x00{")
+    assert main(["run", str(path), "--store", str(tmp_path / "s.sqlite")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a UTF-8 text file" in err
+
+
 def test_runs_lists_the_store(tmp_path, capsys):
     path = str(tmp_path / "s.sqlite")
+    assert main(["runs", "--store", path]) == 2           # a mistyped path is not made into a new store
+    assert "no run store at" in capsys.readouterr().out and not os.path.exists(path)
+    store = RunStore(path)
     assert main(["runs", "--store", path]) == 0
     assert "no runs in" in capsys.readouterr().out
-    store = RunStore(path)
     a = store.create_run(ql.ExperimentConfig.from_dict(TINY), name="alpha")
     store.set_status(a, "running")
     store.finish(a, RunResult(history={}, final={"test_accuracy": 0.8125}))
@@ -149,3 +162,76 @@ def test_ctrl_c_stops_the_run_and_keeps_it(tmp_path):
     (r,) = RunStore(store).runs()
     assert r.status == "stopped" and "stopped by request" in r.message and r.n_rows >= seen > 0
     assert len(RunStore(store).history(r.id)["step"]) == r.n_rows
+
+
+def test_run_on_a_locked_store_is_one_line(tmp_path, capsys):
+    path = str(tmp_path / "s.sqlite")
+    RunStore(path).close()
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        assert main(["run", write(tmp_path, json.dumps(TINY)), "--store", path]) == 2
+    finally:
+        other.execute("ROLLBACK")
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "locked by another connection" in err
+
+
+def test_a_failed_run_keeps_a_one_line_message(tmp_path, capsys):
+    bad = tmp_path / "data.csv"
+    bad.write_text("these,are\nnot,numbers\n")
+    cfg = {**TINY, "data": {"dataset": "file", "path": str(bad)}}
+    store = str(tmp_path / "s.sqlite")
+    assert main(["run", write(tmp_path, json.dumps(cfg)), "--store", store]) == 1
+    (r,) = RunStore(store).runs()
+    assert r.status == "failed" and r.message and "\n" not in r.message and "Traceback" not in r.message
+    assert "Traceback" in capsys.readouterr().err        # (the whole story goes to the terminal)
+
+
+@pytest.mark.parametrize("columns", [120, 40])
+def test_progress_line_fits_and_clears_the_last_one(monkeypatch, columns):
+    import io
+    from qatlab.__main__ import _Progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    monkeypatch.setattr("shutil.get_terminal_size", lambda *a: os.terminal_size((columns, 24)))
+    out = Tty()
+    progress = _Progress(out)
+    progress.draw(5, 10, 0.00001234, final=True)
+    progress.draw(10, 10, 0.5, final=True)
+    lines = [line.removeprefix("\r") for line in out.getvalue().split("\n") if line]
+    assert len(lines) == 2 and all(line.endswith("\x1b[K") for line in lines)   # the rest of a longer line is cleared
+    shown = [line.removesuffix("\x1b[K") for line in lines]
+    assert all(line.startswith("[") == (columns == 120) for line in shown)      # no bar where it does not fit
+    assert all(len(line) <= columns for line in shown) or columns == 40
+
+
+@pytest.mark.slow
+def test_a_lock_while_training_does_not_end_the_run(tmp_path):
+    long = {**TINY, "optim": {**TINY["optim"], "epochs": 100_000}}
+    store = str(tmp_path / "s.sqlite")
+    proc = subprocess.Popen([sys.executable, "-m", "qatlab", "run", write(tmp_path, json.dumps(long)), "--store", store],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        def rows():
+            runs = RunStore(store, check_interrupted=False).runs() if os.path.exists(store) else []
+            return runs[0].n_rows if runs else 0
+        deadline = time.monotonic() + 120
+        while rows() == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        other = sqlite3.connect(store, isolation_level=None)
+        other.execute("BEGIN EXCLUSIVE")           # longer than the store's 5 s busy timeout
+        time.sleep(8)
+        other.execute("ROLLBACK")
+        before = rows()
+        time.sleep(3)
+        assert proc.poll() is None and rows() > before       # still training, rows stored again
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "locked by another writer" in err, err
+    (r,) = RunStore(store).runs()
+    assert r.status == "stopped"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -109,6 +110,28 @@ def test_the_cli_runs_a_config_on_that_cluster(cli_cluster, tmp_path):
     ref = ql.run_experiment(cfg)
     assert np.array_equal(store.history(record.id)["loss"], ref.history["loss"], equal_nan=True)
     store.close()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_cli_run_on_that_cluster(cli_cluster, tmp_path):
+    cfg = ql.ExperimentConfig()
+    cfg.optim.epochs = 100_000
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg.to_dict()))
+    path = tmp_path / "runs.sqlite"
+    proc = subprocess.Popen([sys.executable, "-m", "qatlab", "run", str(tmp_path / "cfg.json"), "--store", str(path),
+                             "--scheduler", cli_cluster], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        def training():
+            runs = ql.RunStore(path, check_interrupted=False).runs() if path.exists() else []
+            return runs and runs[0].n_rows > 0
+        _wait_for(training, JOIN, "rows of the CLI's run in the store")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        _end(proc)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    (record,) = ql.RunStore(path).runs()
+    assert record.status == "stopped"
 
 
 @pytest.mark.slow

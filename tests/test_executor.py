@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import sqlite3
 import time
 
 import numpy as np
@@ -266,6 +267,28 @@ def test_pause_resume_and_stop_reach_the_worker(client2, store):
     record = store.get(run.id)
     assert record.status == "stopped" and record.n_rows == len(run.log) > 0
     assert run.steps_done < run.total_steps
+
+
+@pytest.mark.slow
+def test_a_store_locked_past_its_timeout_does_not_end_the_run(client2, tmp_path):
+    store = ql.RunStore(tmp_path / "locked.sqlite", timeout=0.5)
+    run = RemoteRun(config(epochs=5000), store=store, client=client2).start()
+    try:
+        wait_for(lambda: store.get(run.id).n_rows > 0, JOIN, "the first stored rows")
+        other = sqlite3.connect(store.path, isolation_level=None)
+        other.execute("BEGIN EXCLUSIVE")           # several of the store's timeouts
+        time.sleep(3)
+        other.execute("ROLLBACK")
+        assert run.status == "running"
+        held = store.get(run.id).n_rows
+        wait_for(lambda: store.get(run.id).n_rows > held, 60, "rows stored again after the lock")
+    finally:
+        run.stop()
+    assert run.join(JOIN) and run.status == "stopped", run.message
+    record = store.get(run.id)
+    assert record.status == "stopped" and record.n_rows == len(run.log)
+    np.testing.assert_array_equal(store.history(run.id)["row_id"], np.arange(record.n_rows))   # none lost
+    store.close()
 
 
 @pytest.mark.slow

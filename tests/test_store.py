@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -21,7 +22,7 @@ import qatlab as ql
 from qatlab.metrics import MetricsLog
 from qatlab.runs import RunResult
 from qatlab.store import (APP_ID, SCHEMA_VERSION, STATUSES, RunStore, StoreCorruptError, StoreLockedError,
-                          record)
+                          record, when_unlocked)
 from qatlab.store import artifacts
 from qatlab.train.build import build_model
 
@@ -189,6 +190,70 @@ def test_rename_notes_delete(store):
     conn = sqlite3.connect(store.path)
     for table in ("row_chunks", "artifacts"):
         assert conn.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", (a,)).fetchone()[0] == 0
+
+
+def test_a_running_run_cannot_be_deleted(store):
+    rid = store.create_run(tiny())
+    for status in ("running", "paused"):
+        store.set_status(rid, status)
+        with pytest.raises(ValueError, match=f"is {status}; stop it first"):
+            store.delete(rid)
+        assert store.get(rid).status == status
+    store.set_status(rid, "stopped")
+    store.delete(rid)
+    assert store.runs() == []
+
+
+@pytest.mark.parametrize("name", ["<img src=x onerror=alert(1)>", "line1\nline2", "x" * 81, "   ", "a\x00b"])
+def test_names_are_checked_where_runs_are_made_and_renamed(store, name):
+    with pytest.raises(ValueError, match="name: expected 1 to 80 printable"):
+        store.create_run(tiny(), name=name)
+    rid = store.create_run(tiny(), name="  fine  ")
+    assert store.get(rid).name == "fine"
+    with pytest.raises(ValueError, match="name: expected 1 to 80 printable"):
+        store.rename(rid, name)
+    assert store.get(rid).name == "fine"
+
+
+def test_a_damaged_record_does_not_hide_the_others(store):
+    good, bad = store.create_run(tiny(), name="good"), store.create_run(tiny(), name="bad")
+    store.append_rows(good, mixed_rows(5))
+    conn = sqlite3.connect(store.path, isolation_level=None)
+    conn.execute("UPDATE runs SET config = '{not json', final = '[1', point = 'x', provenance = '' WHERE id = ?",
+                 (bad,))
+    records = {r.name: r for r in store.runs()}
+    assert set(records) == {"good", "bad"} and records["good"].config is not None
+    assert (records["bad"].config, records["bad"].final, records["bad"].point) == (None, {}, None)
+    conn.execute("UPDATE row_chunks SET payload = x'0001' WHERE run_id = ?", (good,))
+    with pytest.raises(StoreCorruptError, match=f"run '{good}': its stored rows are damaged"):
+        store.history(good)
+
+
+def test_a_damaged_model_is_a_store_error(store):
+    rid = store.create_run(tiny())
+    store.finish(rid, RunResult(history={}, final={}, model=build_model(tiny(), 16, 3)))
+    sqlite3.connect(store.path, isolation_level=None).execute(
+        "UPDATE artifacts SET data = x'504b0304' WHERE run_id = ?", (rid,))
+    with pytest.raises(StoreCorruptError, match="its stored model is damaged"):
+        store.load_model(rid)
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="needs a directory no one can create files in (Linux /sys)")
+def test_a_store_in_a_directory_it_cannot_write_is_a_clear_error():
+    with pytest.raises(ValueError, match="cannot open the run store for writing"):
+        RunStore("/sys/kernel/qatlab-test-runs.sqlite")
+
+
+def test_when_unlocked_waits_for_the_lock_then_gives_up(tmp_path):
+    path = tmp_path / "s.sqlite"
+    s = RunStore(path, timeout=0.2)
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN EXCLUSIVE")
+    with pytest.raises(StoreLockedError):
+        when_unlocked(lambda: s.create_run(tiny()), seconds=0.5)
+    threading.Timer(0.6, lambda: other.execute("ROLLBACK")).start()
+    rid = when_unlocked(lambda: s.create_run(tiny()), seconds=10)
+    assert [r.id for r in s.runs()] == [rid]
 
 
 def test_runs_filters(store):

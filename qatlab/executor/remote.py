@@ -25,6 +25,7 @@ import weakref
 from ..config import ExperimentConfig
 from ..metrics import DEFAULT_CAPACITY, MetricsLog
 from ..progress import RunProgress
+from ..store.schema import StoreLockedError, when_unlocked
 from . import cluster
 from .worker import (WEIGHTS_SECONDS, WorkerLost, control_name, drop_received_rows, forget_topics, run_on_worker,
                      run_topics, topic, unpack_weights, weights_name)
@@ -411,16 +412,25 @@ class RemoteRun(RunProgress):
         with self._lock:
             rows, self._pending = self._pending, []
         if rows:
-            self._store.append_rows(self.id, rows)
+            try:
+                self._store.append_rows(self.id, rows)
+            except BaseException:           # (locked: they go with the next flush)
+                with self._lock:
+                    self._pending[:0] = rows
+                raise
 
     def _sync_status(self) -> None:
         with self._lock:
             if not self._status_changed or self.status in DONE:
                 return
             self._status_changed = False
-            if self._on_worker and self.worker is not None:
-                self._store.set_worker(self.id, self.worker)
-            self._store.set_status(self.id, self.status)
+            try:
+                if self._on_worker and self.worker is not None:
+                    self._store.set_worker(self.id, self.worker)
+                self._store.set_status(self.id, self.status)
+            except BaseException:           # (locked: written on the next pass)
+                self._status_changed = True
+                raise
 
     def _monitor(self) -> None:
         last_flush = last_beat = time.monotonic()
@@ -429,17 +439,20 @@ class RemoteRun(RunProgress):
             while not self._future.done():
                 self._wake.wait(WAKE_SECONDS)
                 self._wake.clear()
-                self._sync_status()
                 now = time.monotonic()
-                if now - last_flush >= FLUSH_SECONDS:
-                    self._flush()
-                    last_flush = now
                 if self._received - dropped >= DROP_ROWS:
                     dropped = self._received
                     self._drop_received(dropped)
-                if now - last_beat >= HEARTBEAT_SECONDS:
-                    self._store.heartbeat(self.id)
-                    last_beat = now
+                try:
+                    self._sync_status()
+                    if now - last_flush >= FLUSH_SECONDS:
+                        last_flush = now
+                        self._flush()
+                    if now - last_beat >= HEARTBEAT_SECONDS:
+                        last_beat = now
+                        self._store.heartbeat(self.id)
+                except StoreLockedError:    # another connection holds the store: the rows wait here
+                    log.warning("qatlab: run %s: the run store is locked; its rows wait in memory", self.id)
             self._finish()
         except Exception as exc:            # the store failed (locked, disk full): the run ends here
             log.exception("qatlab: run %s: keeping its rows or result failed", self.id)
@@ -486,8 +499,8 @@ class RemoteRun(RunProgress):
         result = RunResult(history=self.log.columns(), final=dict(out["final"]) if out else {},
                            model=out["model"] if out else None, status=status, message=message,
                            config=self.config.to_dict())
-        self._flush()
-        self._store.finish(self.id, result)      # (not under the lock: the client's event loop takes it)
+        when_unlocked(self._flush)
+        when_unlocked(lambda: self._store.finish(self.id, result))   # (not under the lock: the client's loop takes it)
         if not self.keep_model:
             result.model = None
         self._result = result

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 
 import numpy as np
 
@@ -75,7 +76,7 @@ def load_model(data: bytes):
         files = np.load(io.BytesIO(data), allow_pickle=False)
         meta = json.loads(str(files["meta"]))
         config = json.loads(str(files["config"]))
-    except (OSError, KeyError, ValueError) as exc:
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
         raise ValueError(f"model artifact: not a stored qatlab model ({exc})") from exc
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise ValueError(f"model artifact: format {meta.get('format')!r} v{meta.get('version')} is not "

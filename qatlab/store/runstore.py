@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..runs import checked_name
 from . import artifacts, rows as R, schema
+from .schema import StoreCorruptError
 from .provenance import owner_alive, provenance, this_owner
 
 STATUSES = ("created", "running", "paused", "finished", "stopped", "diverged", "failed", "interrupted", "pruned")
@@ -38,6 +40,16 @@ _inherited: list = []   # connections a forked child inherited: never closed the
 
 def _utc(t: float | None) -> _dt.datetime | None:
     return None if t is None else _dt.datetime.fromtimestamp(t, _dt.timezone.utc)
+
+
+def _loads(text, damaged):
+    """A stored JSON field; ``damaged`` when it is missing or unreadable (one damaged record must not
+    hide the others from a listing; its ``config`` is then None)."""
+    try:
+        value = json.loads(text) if text else damaged
+    except (TypeError, ValueError):
+        return damaged
+    return value if isinstance(value, type(damaged)) or damaged is None else damaged
 
 
 def _json(value) -> str:
@@ -82,15 +94,17 @@ class RunRecord:
         return cls(id=rid, name=name, notes=notes, status=status, created=_utc(created),
                    started=_utc(started), ended=_utc(ended), message=message,
                    owner={"host": host, "pid": pid, "start": start, "page": page}, worker=worker,
-                   sweep_id=sweep_id, point=json.loads(point) if point else None, final=json.loads(final),
-                   provenance=json.loads(prov), heartbeat=_utc(heartbeat), n_rows=n_rows,
-                   config_dict=json.loads(config))
+                   sweep_id=sweep_id, point=_loads(point, None), final=_loads(final, {}),
+                   provenance=_loads(prov, {}), heartbeat=_utc(heartbeat), n_rows=n_rows,
+                   config_dict=_loads(config, {}))
 
     @functools.cached_property
     def config(self):
         """The run's ExperimentConfig, read from ``config_dict`` on first use (a listing of many
         runs parses none)."""
         from ..config import ExperimentConfig
+        if not self.config_dict:           # (unreadable in the file: not the defaults)
+            return None
         try:
             return ExperimentConfig.from_dict(self.config_dict)
         except (ValueError, TypeError):
@@ -223,9 +237,10 @@ class RunStore:
         owner: None (this process), a page id (this process, acting for that page) or a dict
         ``{host, pid, start, page}``. point: the sweep point (a JSON-ready dict)."""
         cfg = _config_dict(config)
-        for label, value in (("name", name), ("sweep_id", sweep_id), ("notes", notes)):
+        for label, value in (("sweep_id", sweep_id), ("notes", notes)):
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{label}: expected a str, got {type(value).__name__}")
+        name = None if name is None else checked_name(name)
         if point is not None and not isinstance(point, dict):
             raise TypeError(f"point: expected a dict, got {type(point).__name__}")
         who = _owner(owner)
@@ -315,10 +330,9 @@ class RunStore:
             self._changed(conn.execute("UPDATE runs SET worker = ? WHERE id = ?", (worker, run_id)), run_id)
 
     def rename(self, run_id: str, name: str) -> None:
-        if not isinstance(name, str) or not name.strip():
-            raise ValueError(f"name: expected a non-empty str, got {name!r}")
+        name = checked_name(name)
         with self._write() as conn:
-            self._changed(conn.execute("UPDATE runs SET name = ? WHERE id = ?", (name.strip(), run_id)), run_id)
+            self._changed(conn.execute("UPDATE runs SET name = ? WHERE id = ?", (name, run_id)), run_id)
 
     def set_notes(self, run_id: str, notes: str) -> None:
         if not isinstance(notes, str):
@@ -327,8 +341,12 @@ class RunStore:
             self._changed(conn.execute("UPDATE runs SET notes = ? WHERE id = ?", (notes, run_id)), run_id)
 
     def delete(self, run_id: str) -> None:
-        """Remove the run, its rows and its artifacts."""
+        """Remove the run, its rows and its artifacts; a running or paused run is refused (its owner
+        still writes to it): stop it first."""
         with self._write() as conn:
+            row = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is not None and row[0] in ("running", "paused"):
+                raise ValueError(f"run_id: run {run_id!r} is {row[0]}; stop it first, then delete it")
             conn.execute("DELETE FROM row_chunks WHERE run_id = ?", (run_id,))
             conn.execute("DELETE FROM artifacts WHERE run_id = ?", (run_id,))
             self._changed(conn.execute("DELETE FROM runs WHERE id = ?", (run_id,)), run_id)
@@ -351,7 +369,10 @@ class RunStore:
     def history(self, run_id: str) -> dict[str, np.ndarray]:
         """``{"row_id", column: float64 (n,)}``, NaN where a row lacks a column (as MetricsLog.columns())."""
         with self._read() as conn:
-            return R.read(conn, run_id)
+            try:
+                return R.read(conn, run_id)
+            except (ValueError, TypeError, KeyError, IndexError) as exc:    # a chunk that does not decode
+                raise StoreCorruptError(f"{self.path}: run {run_id!r}: its stored rows are damaged ({exc})") from exc
 
     def finish(self, run_id: str, result) -> None:
         """Store a RunResult's end: status, message, final metrics, end time and the model
@@ -381,7 +402,10 @@ class RunStore:
         if found is None:
             self.get(run_id)      # KeyError for an unknown run
             raise KeyError(f"run_id: run {run_id!r} has no stored model")
-        return artifacts.load_model(found[0])
+        try:
+            return artifacts.load_model(found[0])
+        except (ValueError, TypeError, KeyError) as exc:
+            raise StoreCorruptError(f"{self.path}: run {run_id!r}: its stored model is damaged ({exc})") from exc
 
     # ------------------------------------------------------------------ liveness
 

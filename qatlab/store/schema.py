@@ -72,6 +72,23 @@ def translated(path: str, timeout: float):
         raise
 
 
+#: How long a run's owner keeps trying to store its last rows and its end while another connection
+#: holds the store's write lock (a reader's long transaction, a backup, sqlite3 at a prompt).
+LOCKED_WAIT_SECONDS = 120.0
+
+
+def when_unlocked(write, seconds: float = LOCKED_WAIT_SECONDS):
+    """``write()``, tried again while another connection holds the store's lock (each try waits the
+    store's busy timeout) for up to ``seconds``; then the StoreLockedError."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return write()
+        except StoreLockedError:
+            if time.monotonic() >= deadline:
+                raise
+
+
 def _corrupt(path: str, exc: Exception) -> StoreCorruptError:
     return StoreCorruptError(f"{path}: the run store file is corrupt ({exc}); move it away to start a new "
                              "store, or restore it from a backup")
@@ -93,7 +110,8 @@ def connect(path: str, timeout: float) -> sqlite3.Connection:
     """A connection in autocommit mode (transactions are explicit), WAL journal, schema checked
     and migrated to :data:`SCHEMA_VERSION`."""
     check_file_header(path)
-    conn = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
+    with translated(path, timeout):      # (a directory it cannot write in: a clear error)
+        conn = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
     try:
         with translated(path, timeout):
             conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
