@@ -39,6 +39,9 @@ from .streaming import StreamHub
 log = logging.getLogger(__name__)
 
 PERIOD_MS = 100
+#: Markdown options of the panes that show messages and field names: no autolinks (markdown-it
+#: linkifies a field name such as ``optim.lr`` into a link to http://optim.lr).
+NO_AUTOLINKS = {"linkify": False}
 TEXT_PERIOD = 0.5  # seconds between updates of status/progress text (each update re-lays out the page)
 _DONE = object()   # sentinel: the rebuild generator is exhausted
 MAX_PIECE_REST = 0.25   # seconds: the longest rest after one rebuild piece (see _rebuild_in_pieces)

@@ -32,7 +32,7 @@ import param
 
 from .. import data as qdata
 from ..config import ExperimentConfig, dashboard_config
-from .base import note_press, one_message
+from .base import NO_AUTOLINKS, note_press, one_message
 from .data_source import NONE, DataFileChooser
 from .fields import Field, as_text, short_error, supported
 
@@ -123,7 +123,7 @@ class ConfigPanel(pn.viewable.Viewer):
                                                 sizing_mode="stretch_width")
         self.keep_alive = pn.widgets.Checkbox(label="Keep running after this page closes", value=False)
         self.error = pn.pane.Alert("", alert_type="danger", visible=False, css_classes=["qatlab-config-error"],
-                                   sizing_mode="stretch_width", margin=(5, 10))
+                                   sizing_mode="stretch_width", margin=(5, 10), renderer_options=NO_AUTOLINKS)
         self._quiet_until = 0.0
         for button, handler, once in ((self.start_button, on_start, True), (self.stop_button, on_stop, False),
                                       (self.compare_button, on_compare, True), (self.pause_button, on_pause, False),

@@ -88,7 +88,7 @@ class DataFileChooser(Checked):
         self._source = ""          # what the page shows as the file in use (a name, never a path)
         self.upload = pn.widgets.FileInput(accept=ACCEPT, multiple=False, sizing_mode="stretch_width",
                                            label="Upload data", css_classes=["qatlab-upload"])
-        self.upload.param.watch(self._on_upload, "value")
+        self.upload.param.watch(self._on_upload, ["value", "filename"])   # (an empty file changes only the name)
         self.guard = UploadGuard(limit=UPLOAD_MAX_BYTES, height=0, width=0, margin=0)
         self.guard.param.watch(self._on_refused, "refused")
         names = self._listing()
@@ -121,9 +121,11 @@ class DataFileChooser(Checked):
         return self._upload_dir
 
     # ---------------------------------------------------------------- choices
-    def _on_upload(self, event) -> None:
-        content, name = event.new, os.path.basename(self.upload.filename or "upload")
+    def _on_upload(self, *_events) -> None:
+        content, name = self.upload.value, os.path.basename(self.upload.filename or "upload")
         if content is None:
+            if self.upload.filename:     # Panel gives an empty file no value
+                self._refuse(f"{self.label}: {name} is empty")
             return
         if len(content) > UPLOAD_MAX_BYTES:
             self._refuse(f"{self.label}: {name} is {_mb(len(content))}; uploads up to {_mb(UPLOAD_MAX_BYTES)} "

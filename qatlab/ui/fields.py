@@ -67,7 +67,10 @@ def parse_number(p: param.Number, text: str):
 def parse_list(p: param.List, text: str) -> list:
     """Comma- or space-separated items (brackets optional) of the List's item type."""
     body = text.strip().strip("[]()").strip()
-    tokens = [t for t in re.split(r"[,\s]+", body) if t]
+    body = body[:-1].rstrip() if body.endswith(",") else body          # (one trailing comma is fine)
+    tokens = re.split(r"\s*,\s*|\s+", body) if body else []
+    if "" in tokens:            # "1,2,,3": the box would show an item the config does not hold
+        raise ValueError(f"an empty item between commas in {text.strip()!r}; write e.g. 256, 128")
     item = p.item_type
     out = []
     for tok in tokens:

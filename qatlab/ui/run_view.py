@@ -30,7 +30,7 @@ import param
 from .. import warmup
 from ..progress import RunProgress
 from . import figures as F
-from .base import LiveView, Throttle, bokeh_pane, rebind, short_message, stream_bindings
+from .base import NO_AUTOLINKS, LiveView, Throttle, bokeh_pane, rebind, short_message, stream_bindings
 
 ALERT_TYPES = {"created": "light", "running": "primary", "paused": "warning", "finished": "success",
                "stopped": "secondary", "diverged": "danger", "failed": "danger", "interrupted": "warning",
@@ -131,7 +131,7 @@ class RunView(LiveView):
         self._text_throttle = Throttle()
         self.alert = pn.pane.Alert("No run yet: set up an experiment in the sidebar and press **Start**.",
                                    alert_type="light", css_classes=["qatlab-run-alert"],
-                                   sizing_mode="stretch_width", margin=(5, 10))
+                                   sizing_mode="stretch_width", margin=(5, 10), renderer_options=NO_AUTOLINKS)
         self.stats = pn.pane.Markdown("", css_classes=["qatlab-run-stats"], sizing_mode="stretch_width",
                                       margin=(0, 10), height=42)
         self._plots = pn.Column(sizing_mode="stretch_width")

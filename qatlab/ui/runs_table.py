@@ -48,7 +48,7 @@ import panel as pn
 from ..runs import NAME_LIMIT, checked_name
 from ..store import ENDED, RunStore, StoreLockedError
 from . import figures as F
-from .base import LiveView, bokeh_pane
+from .base import NO_AUTOLINKS, LiveView, bokeh_pane
 from .run_listing import Listed, utc_minutes
 from .stored_run import StoredRun, public_config, scrub_paths
 from .tables import same
@@ -301,7 +301,7 @@ class RunsTable(LiveView):
         self.confirm_row = pn.Row(self.confirm_text, self.confirm_button, self.cancel_button, visible=False,
                                   css_classes=["qatlab-runs-confirm"])
         self.message = pn.pane.Alert("", alert_type="warning", visible=False, css_classes=["qatlab-runs-message"],
-                                     sizing_mode="stretch_width", margin=(5, 10))
+                                     sizing_mode="stretch_width", margin=(5, 10), renderer_options=NO_AUTOLINKS)
         self.show_button.on_click(self._show)
         self.load_button.on_click(lambda _: self.load_selected_config())
         self.stop_button.on_click(lambda _: self.stop_selected())
@@ -310,7 +310,7 @@ class RunsTable(LiveView):
         self.delete_button.on_click(lambda _: self.delete_selected())
         self.confirm_button.on_click(lambda _: self.confirm())
         self.cancel_button.on_click(lambda _: self.cancel())
-        self.filter_input.param.watch(lambda _: self.refresh(force=True), ["value", "value_input"])
+        self.filter_input.param.watch(lambda *_: self.refresh(force=True), ["value", "value_input"])  # (1 or 2 events)
         self.table.param.watch(self._on_selection, "selection")
         self._plots = pn.Column(sizing_mode="stretch_width")
         self._layout = pn.Column(
@@ -372,7 +372,7 @@ class RunsTable(LiveView):
             try:
                 out.append(self.run_like(rid))
             except (KeyError, ValueError) as exc:
-                self._say(scrub_paths(str(exc)))
+                self._say(_md(scrub_paths(str(exc))))
         return out
 
     def _chosen(self) -> list[Listed]:
@@ -399,7 +399,7 @@ class RunsTable(LiveView):
         try:
             return io.BytesIO(model_npz(self.store, entries[0]))
         except (KeyError, ValueError) as exc:
-            self._say(scrub_paths(str(exc)))
+            self._say(_md(scrub_paths(str(exc))))
             return io.BytesIO(b"")
 
     def _show(self, _event=None) -> None:
@@ -417,7 +417,7 @@ class RunsTable(LiveView):
         try:
             cfg = ExperimentConfig.from_dict(copy.deepcopy(entries[0].config_dict))   # (the listing's dict is shared)
         except (TypeError, ValueError) as exc:
-            self._say(f"The config of {entries[0].id[:8]} cannot be loaded: {scrub_paths(str(exc))}")
+            self._say(f"The config of {entries[0].id[:8]} cannot be loaded: {_md(scrub_paths(str(exc)))}")
             return False
         if self.on_load_config is not None:
             self.on_load_config(cfg)
@@ -511,7 +511,7 @@ class RunsTable(LiveView):
         try:
             new = checked_name(name)
         except (TypeError, ValueError) as exc:
-            self._say(str(exc))
+            self._say(_md(str(exc)))
             return False
 
         def action():
@@ -530,7 +530,7 @@ class RunsTable(LiveView):
         try:
             text = checked_notes(notes)
         except (TypeError, ValueError) as exc:
-            self._say(str(exc))
+            self._say(_md(str(exc)))
             return False
         return self._change(entry, lambda: self.store.set_notes(entry.id, text), "notes", "Save the notes of {run}?")
 
@@ -600,7 +600,7 @@ class RunsTable(LiveView):
         try:
             action()
         except (TypeError, ValueError, KeyError, StoreLockedError) as exc:
-            self._say(scrub_paths(str(exc).strip("'\"")))
+            self._say(_md(scrub_paths(str(exc).strip("'\""))))
             return False
         self._say("")
         if what == "delete":

@@ -14,6 +14,9 @@ import json
 from ..quant.ste import SteKind
 
 MAX_SEEDS = 100
+#: Fields the page never takes (a server file path): data comes by upload, in the sidebar.
+PAGE_REFUSED = {"data.path": "the page never takes a server file path; upload the data in the sidebar "
+                             "(Dataset = file)"}
 
 
 def _item(text: str):
@@ -39,6 +42,8 @@ def parse_axes(text: str) -> dict:
         if not sep or not field or not values:
             raise ValueError(f"axes line {n}: expected 'field = value, value' such as "
                              f"'quant.ste = identity, hard_tanh'; got {line!r}")
+        if field in PAGE_REFUSED:
+            raise ValueError(f"axes line {n}: {field}: {PAGE_REFUSED[field]}")
         if values.startswith("["):
             try:
                 parsed = json.loads(values)
@@ -71,11 +76,13 @@ def parse_seeds(text: str) -> list[int]:
             values = range(int(lo), int(hi) + 1) if dash else [int(part)]
         except ValueError:
             raise ValueError(f"seeds: expected whole numbers such as '0, 1, 2' or a range '0-3', got {part!r}") from None
+        if not values:
+            raise ValueError(f"seeds: the range {part!r} is empty; write it low-high, such as '0-3'")
+        if len(seeds) + len(values) > MAX_SEEDS:      # (before a range is built: '0-1000000000')
+            raise ValueError(f"seeds: at most {MAX_SEEDS} seeds, got {len(seeds) + len(values)}")
         seeds += values
     if not seeds:
         raise ValueError("seeds: expected at least one seed, such as '0' or '0, 1, 2'")
-    if len(seeds) > MAX_SEEDS:
-        raise ValueError(f"seeds: at most {MAX_SEEDS} seeds, got {len(seeds)}")
     return seeds
 
 

@@ -35,7 +35,7 @@ from ..sweep import Sweep, SweepResult, config_diff
 from ..sweep.runner import EndedRun
 from . import figures as F
 from . import sweep_charts as C
-from .base import LiveView, Throttle, bokeh_pane, in_server_session, one_message
+from .base import NO_AUTOLINKS, LiveView, Throttle, bokeh_pane, in_server_session, one_message
 from .sweep_form import axes_text, parse_axes, parse_seeds, ste_grid
 from .tables import patch_and_stream
 
@@ -180,7 +180,7 @@ class SweepView(LiveView):
         self.ste_seeds = pn.widgets.IntInput(label="STE seeds", value=1, start=1, end=20, width=90)
         self.ste_button = pn.widgets.Button(label="Compare STE kinds (sweep)", color="success", align="end")
         self.message = pn.pane.Alert("", alert_type="danger", visible=False, css_classes=["qatlab-sweep-message"],
-                                     sizing_mode="stretch_width", margin=(5, 10))
+                                     sizing_mode="stretch_width", margin=(5, 10), renderer_options=NO_AUTOLINKS)
         self.status = pn.pane.Markdown("No sweep yet.", css_classes=["qatlab-sweep-status"], margin=(0, 10))
         self.sweep_select = pn.widgets.Select(label="Sweep", options=[], width=260)
         self.metric_select = pn.widgets.Select(label="Metric", options=["test_accuracy"], value="test_accuracy",
@@ -193,7 +193,8 @@ class SweepView(LiveView):
         self.summary_box = pn.Column(self.summary, sizing_mode="stretch_width")
         self.open_button = pn.widgets.Button(label="Open these runs", disabled=True)
         self.diff = pn.pane.Markdown("Select two runs to see how their configs differ.",
-                                     css_classes=["qatlab-sweep-diff"], margin=(0, 10))
+                                     css_classes=["qatlab-sweep-diff"], margin=(0, 10),
+                                     renderer_options=NO_AUTOLINKS)
         self.curves = pn.Column(sizing_mode="stretch_width")
         self.start_button.on_click(lambda _: self.start_sweep())
         self.stop_button.on_click(lambda _: self.stop_sweep())

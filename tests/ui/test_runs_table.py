@@ -197,6 +197,8 @@ def test_filter_hides_rows_that_do_not_match(store):
     select(table, a, c)
     table.filter_input.value_input = "gamma"              # a selected run hidden by the filter leaves the selection
     assert table.selected_ids() == [c] and table.table.selection == [0]
+    table.filter_input.param.update(value="beta", value_input="beta")     # Enter: both change at once
+    assert set(table.table.value["id"]) == {b}
 
 
 # ----------------------------------------------------------------------------- changing runs
@@ -207,6 +209,9 @@ def test_rename_and_notes_of_own_run_now_of_another_pages_ended_run_after_confir
     select(table, mine)
     assert not table.rename_button.disabled and not table.notes_button.disabled
     assert table.rename_selected("<script>") is False and "name: expected" in table.message.object
+    assert table.rename_selected('<img src=x onerror="alert(1)">*y*') is False     # the refusal repeats the name
+    assert re.search(r"(?<!\\)[<>*]", table.message.object) is None and r"\<img" in table.message.object
+    assert table.message.renderer_options == {"linkify": False}                  # optim.lr is not a link
     assert table.rename_selected("  renamed ") is True and store.get(mine).name == "renamed"
     assert table.save_notes("lr too high\nnext: 0.01") is True and store.get(mine).notes == "lr too high\nnext: 0.01"
     assert by_id(table).loc[mine, "name"] == "renamed" and by_id(table).loc[mine, "notes"].startswith("lr too")

@@ -50,6 +50,9 @@ def test_parse_list_of_ints():
     for text in ["abc", "True", "1.5", "2, x"]:
         with pytest.raises(ValueError, match="whole numbers"):
             parse_list(p, text)
+    for text in ["1,2,,3", ",1", "1,,"]:
+        with pytest.raises(ValueError, match="an empty item between commas"):
+            parse_list(p, text)
 
 
 def _bad_texts(field: Field) -> list[str]:

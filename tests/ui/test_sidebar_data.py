@@ -69,6 +69,15 @@ def test_bad_upload_shows_only_the_data_layers_message(panel):
     assert panel.file_chooser.error is None and not panel.start_button.disabled
 
 
+def test_an_empty_file_is_refused_by_name(panel):
+    upload(panel, "empty.csv", None)       # Panel gives an empty file no value: only its name changes
+    assert panel.file_chooser.error == "Data file: empty.csv is empty" and panel.start_button.disabled
+    upload(panel, "ok.npz", npz_bytes())
+    assert panel.file_chooser.error is None and not panel.start_button.disabled
+    upload(panel, "empty2.csv", None)
+    assert "empty2.csv is empty" in panel.file_chooser.error and panel.start_button.disabled
+
+
 def test_oversized_upload_is_refused_before_saving(panel, monkeypatch, tmp_path):
     monkeypatch.setattr(data_source, "UPLOAD_MAX_BYTES", 100)
     upload(panel, "big.npz", npz_bytes())

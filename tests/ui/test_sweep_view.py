@@ -86,7 +86,9 @@ def test_axes_text_reads_words_numbers_and_json_lists():
 
 @pytest.mark.parametrize("text, words", [("quant.ste", "line 1"), ("= 1, 2", "line 1"),
                                           ("a.b = 1\na.b = 2", "given twice"), ("quant.weight_bits = [2,", "JSON"),
-                                          ("quant.ste = identity,,tanh", "empty value")])
+                                          ("quant.ste = identity,,tanh", "empty value"),
+                                          ("data.path = /etc/passwd", "line 1: data.path: the page never takes a server"),
+                                          ("data.dataset = file\ndata.path = ['/tmp/x.csv']", "line 2: data.path")])
 def test_bad_axes_text_names_the_line(text, words):
     with pytest.raises(ValueError, match=words):
         parse_axes(text)
@@ -95,9 +97,15 @@ def test_bad_axes_text_names_the_line(text, words):
 def test_seeds_text():
     assert parse_seeds("0, 3, 5") == [0, 3, 5]
     assert parse_seeds("1-3") == [1, 2, 3]
-    for bad in ("", "x", "0-z", "0-200"):
+    for bad in ("", "x", "0-z", "0-200", "3-0"):
         with pytest.raises(ValueError, match="seeds"):
             parse_seeds(bad)
+    with pytest.raises(ValueError, match="range '3-0' is empty"):
+        parse_seeds("3-0")
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="at most 100 seeds, got 1000000001"):
+        parse_seeds("0-1000000000")          # refused before the range is built
+    assert time.perf_counter() - t0 < 1.0
 
 
 def test_an_invalid_sweep_is_named_on_the_page_and_nothing_starts(store):
@@ -106,7 +114,9 @@ def test_an_invalid_sweep_is_named_on_the_page_and_nothing_starts(store):
              ("quant.ste = identity, bogus", "0", "'bogus'"),
              ("quant.ste = identity", "x", "seeds"),
              ("optim.seed = 1, 2", "0", "set by seeds="),
-             ("model.hidden = [[0]]", "0", "hidden")]
+             ("model.hidden = [[0]]", "0", "hidden"),
+             ("data.path = /etc/passwd", "0", "never takes a server file path")]
+    assert view.message.renderer_options == view.diff.renderer_options == {"linkify": False}   # optim.lr: no link
     for axes, seeds, words in cases:
         view.axes_input.value, view.seeds_input.value = axes, seeds
         assert view.start_sweep() is None
