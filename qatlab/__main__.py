@@ -276,6 +276,9 @@ def main(argv=None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except TimeoutError as exc:         # the store stayed locked past when_unlocked's wait
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

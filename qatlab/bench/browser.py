@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import os
@@ -57,8 +58,12 @@ def http_status(url: str, timeout: float = 5.0) -> int | None:
             return resp.status
     except urllib.error.HTTPError as exc:
         return exc.code
-    except (urllib.error.URLError, OSError):
+    except (urllib.error.URLError, OSError, http.client.HTTPException):   # (not an HTTP server there)
         return None
+
+
+class _PortTaken(Exception):
+    """The server could not bind its port."""
 
 
 class AppServer:
@@ -75,11 +80,9 @@ class AppServer:
     def __init__(self, root: Path = ROOT, port: int | None = None, extra_args=(), inspect: bool = False,
                  startup_timeout: float = 120.0, env: dict | None = None):
         self.root = Path(root)
-        self.port = port or free_port()
-        self.url = f"http://localhost:{self.port}/app"
-        self.probe_url = f"http://localhost:{self.port}/static/extensions/panel/css/button.css"
+        self._any_port = port is None        # (a port picked here may be retried on another)
+        self._use_ports(port or free_port(), free_port() if inspect else None)
         self.extra_args = list(extra_args)
-        self.inspect_port = free_port() if inspect else None
         self.startup_timeout = startup_timeout
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
         self.proc: subprocess.Popen | None = None
@@ -87,7 +90,26 @@ class AppServer:
         self.log_path = Path(self._log.name)
         self._setup: Path | None = None
 
-    def start(self) -> "AppServer":
+    def start(self, attempts: int = 3) -> "AppServer":
+        """Start and wait until the app answers. A port taken between :func:`free_port` and the
+        server's bind (a Dask process of this or another server can get it) is retried on new ports."""
+        for attempt in range(attempts):
+            try:
+                return self._start_once()
+            except _PortTaken:
+                if attempt == attempts - 1 or not self._any_port:
+                    raise RuntimeError(f"panel serve: port {self.port} was taken:\n{self.log_tail()}") from None
+                self._use_ports(free_port(), free_port() if self.inspect_port else None)
+                self._log.seek(0)
+                self._log.truncate()
+        raise AssertionError("unreachable")
+
+    def _use_ports(self, port: int, inspect_port: int | None) -> None:
+        self.port, self.inspect_port = port, inspect_port
+        self.url = f"http://localhost:{port}/app"
+        self.probe_url = f"http://localhost:{port}/static/extensions/panel/css/button.css"
+
+    def _start_once(self) -> "AppServer":
         cmd = [sys.executable, "-m", "panel", "serve", "app/", "--port", str(self.port), "--warm",
                "--allow-websocket-origin", f"localhost:{self.port}",
                "--allow-websocket-origin", f"127.0.0.1:{self.port}", *self.extra_args]
@@ -104,6 +126,8 @@ class AppServer:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if "already in use" in self.log_tail():      # ("Cannot start Bokeh server, port N is ...")
+                    raise _PortTaken()
                 raise RuntimeError(f"panel serve exited with {self.proc.returncode}:\n{self.log_tail()}")
             if http_status(self.url, timeout=5.0) == 200:
                 return self

@@ -46,10 +46,10 @@ def _loads(text, damaged):
     """A stored JSON field; ``damaged`` when it is missing or unreadable (one damaged record must not
     hide the others from a listing; its ``config`` is then None)."""
     try:
-        value = json.loads(text) if text else damaged
+        value = json.loads(text)
     except (TypeError, ValueError):
         return damaged
-    return value if isinstance(value, type(damaged)) or damaged is None else damaged
+    return value if damaged is None or isinstance(value, type(damaged)) else damaged
 
 
 def _json(value) -> str:

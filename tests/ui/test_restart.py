@@ -123,3 +123,23 @@ def test_kill_9_mid_run_then_restart_lists_the_run_interrupted_with_its_rows(chr
     assert killed_at - last_row_at < LAST_ROW_GAP_S, (killed_at, last_row_at)
     store.close()
     assert not os.path.exists(f"/proc/{first.proc.pid}")           # (reaped by AppServer.kill)
+
+
+def test_a_server_whose_port_was_taken_starts_on_another(tmp_path, monkeypatch):
+    """A port picked free can be taken before the server binds it (a Dask process got one, once)."""
+    import socket
+    from qatlab.bench import browser
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = iter([taken.getsockname()[1]])
+    real = browser.free_port
+    monkeypatch.setattr(browser, "free_port", lambda: next(ports, None) or real())
+    server = AppServer(root=ROOT, env={"QATLAB_STORE": str(tmp_path / "runs.sqlite")})
+    try:
+        assert server.port == taken.getsockname()[1]
+        server.start()
+        assert server.port != taken.getsockname()[1] and browser.http_status(server.url) == 200
+    finally:
+        server.stop()
+        taken.close()
