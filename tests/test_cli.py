@@ -28,6 +28,28 @@ def write(tmp_path, text: str, name: str = "cfg.json") -> str:
     return str(path)
 
 
+def start_long_run(tmp_path, store: str) -> subprocess.Popen:
+    """``python -m qatlab run`` of TINY for 100k epochs (stopped by the test), stderr piped."""
+    long = {**TINY, "optim": {**TINY["optim"], "epochs": 100_000}}
+    return subprocess.Popen([sys.executable, "-m", "qatlab", "run", write(tmp_path, json.dumps(long)), "--store", store],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def stored_rows(store: str) -> int:
+    """Rows the store holds of its one run (0 before it exists)."""
+    runs = RunStore(store, check_interrupted=False).runs() if os.path.exists(store) else []
+    return runs[0].n_rows if runs else 0
+
+
+def wait_rows(store: str, at_least: int, timeout: float = 120.0) -> int:
+    deadline, seen = time.monotonic() + timeout, 0
+    while seen < at_least and time.monotonic() < deadline:     # rows reach the store while it trains
+        time.sleep(0.2)
+        seen = stored_rows(store)
+    assert seen >= at_least, "no rows reached the store"
+    return seen
+
+
 @pytest.mark.parametrize("text, message", [
     ("{not json", "not valid JSON (line 1, column 2"),
     ("[1, 2]", "expected a JSON object"),
@@ -119,21 +141,13 @@ def test_run_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_killed_cli_run_is_interrupted_with_its_rows(tmp_path):
-    long = {**TINY, "optim": {**TINY["optim"], "epochs": 100_000}}
     store = str(tmp_path / "s.sqlite")
-    proc = subprocess.Popen([sys.executable, "-m", "qatlab", "run", write(tmp_path, json.dumps(long)), "--store", store],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    proc = start_long_run(tmp_path, store)
     try:
-        deadline, seen = time.monotonic() + 120, 0
-        while seen < 50 and time.monotonic() < deadline:     # rows reach the store while it trains
-            time.sleep(0.2)
-            if os.path.exists(store):
-                runs = RunStore(store, check_interrupted=False).runs()
-                seen = runs[0].n_rows if runs else 0
-        assert seen >= 50, "no rows reached the store"
+        seen = wait_rows(store, 50)
     finally:
         proc.kill()
-        proc.wait(30)
+        proc.communicate(timeout=30)
     (r,) = RunStore(store).runs()
     assert r.status == "interrupted" and r.n_rows >= seen
     h = RunStore(store).history(r.id)
@@ -143,17 +157,10 @@ def test_killed_cli_run_is_interrupted_with_its_rows(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_stops_the_run_and_keeps_it(tmp_path):
-    long = {**TINY, "optim": {**TINY["optim"], "epochs": 100_000}}
     store = str(tmp_path / "s.sqlite")
-    proc = subprocess.Popen([sys.executable, "-m", "qatlab", "run", write(tmp_path, json.dumps(long)), "--store", store],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = start_long_run(tmp_path, store)
     try:
-        deadline, seen = time.monotonic() + 120, 0
-        while seen == 0 and time.monotonic() < deadline:
-            time.sleep(0.2)
-            if os.path.exists(store):
-                runs = RunStore(store, check_interrupted=False).runs()
-                seen = runs[0].n_rows if runs else 0
+        seen = wait_rows(store, 1)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -210,24 +217,17 @@ def test_progress_line_fits_and_clears_the_last_one(monkeypatch, columns):
 
 @pytest.mark.slow
 def test_a_lock_while_training_does_not_end_the_run(tmp_path):
-    long = {**TINY, "optim": {**TINY["optim"], "epochs": 100_000}}
     store = str(tmp_path / "s.sqlite")
-    proc = subprocess.Popen([sys.executable, "-m", "qatlab", "run", write(tmp_path, json.dumps(long)), "--store", store],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = start_long_run(tmp_path, store)
     try:
-        def rows():
-            runs = RunStore(store, check_interrupted=False).runs() if os.path.exists(store) else []
-            return runs[0].n_rows if runs else 0
-        deadline = time.monotonic() + 120
-        while rows() == 0 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_rows(store, 1)
         other = sqlite3.connect(store, isolation_level=None)
         other.execute("BEGIN EXCLUSIVE")           # longer than the store's 5 s busy timeout
         time.sleep(8)
         other.execute("ROLLBACK")
-        before = rows()
+        before = stored_rows(store)
         time.sleep(3)
-        assert proc.poll() is None and rows() > before       # still training, rows stored again
+        assert proc.poll() is None and stored_rows(store) > before       # still training, rows stored again
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
