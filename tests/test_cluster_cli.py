@@ -93,15 +93,21 @@ def test_run_on_a_cluster_started_from_the_command_line(cli_cluster, tmp_path, m
     store.close()
 
 
-@pytest.mark.slow
-def test_the_cli_runs_a_config_on_that_cluster(cli_cluster, tmp_path):
+def cli_run(tmp_path, address: str, epochs: int, *extra: str) -> tuple[list[str], ql.ExperimentConfig, Path]:
+    """(``python -m qatlab run`` command of the default config at ``epochs`` on ``address``, the config,
+    the store path)."""
     cfg = ql.ExperimentConfig()
-    cfg.optim.epochs = 3
+    cfg.optim.epochs = epochs
     (tmp_path / "cfg.json").write_text(json.dumps(cfg.to_dict()))
     path = tmp_path / "runs.sqlite"
-    done = subprocess.run([sys.executable, "-m", "qatlab", "run", str(tmp_path / "cfg.json"), "--store", str(path),
-                           "--scheduler", cli_cluster, "--notes", "from the CLI"],
-                          capture_output=True, text=True, timeout=JOIN)
+    return ([sys.executable, "-m", "qatlab", "run", str(tmp_path / "cfg.json"), "--store", str(path),
+             "--scheduler", address, *extra], cfg, path)
+
+
+@pytest.mark.slow
+def test_the_cli_runs_a_config_on_that_cluster(cli_cluster, tmp_path):
+    cmd, cfg, path = cli_run(tmp_path, cli_cluster, 3, "--notes", "from the CLI")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=JOIN)
     assert done.returncode == 0, done.stderr
     store = ql.RunStore(path)
     (record,) = store.runs()
@@ -114,12 +120,8 @@ def test_the_cli_runs_a_config_on_that_cluster(cli_cluster, tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_stops_a_cli_run_on_that_cluster(cli_cluster, tmp_path):
-    cfg = ql.ExperimentConfig()
-    cfg.optim.epochs = 100_000
-    (tmp_path / "cfg.json").write_text(json.dumps(cfg.to_dict()))
-    path = tmp_path / "runs.sqlite"
-    proc = subprocess.Popen([sys.executable, "-m", "qatlab", "run", str(tmp_path / "cfg.json"), "--store", str(path),
-                             "--scheduler", cli_cluster], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cmd, _, path = cli_run(tmp_path, cli_cluster, 100_000)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         def training():
             runs = ql.RunStore(path, check_interrupted=False).runs() if path.exists() else []
