@@ -139,6 +139,7 @@ class _Flusher:
 
 
 def cmd_run(args) -> int:
+    from .data import check_data_here
     from .runs import failure_message
     from .store import StoreLockedError, when_unlocked
     cfg = load_config(args.config)
@@ -146,9 +147,8 @@ def cmd_run(args) -> int:
     name = args.name or os.path.splitext(os.path.basename(args.config))[0]
     if args.scheduler is not None:
         return _run_remote(cfg, store, name, args.notes, args.scheduler)
-    if cfg.data.dataset == "file" and not os.path.isfile(cfg.data.path):   # (here, not on a worker)
-        raise UsageError(f"data.path: {cfg.data.path!r} is not a file")
     try:
+        check_data_here(cfg.data, "this machine")     # (it trains here, not on a worker)
         run_id = store.create_run(cfg, name=name, notes=args.notes)
         store.set_status(run_id, "running")
     except (ValueError, TypeError, StoreLockedError) as exc:

@@ -113,11 +113,11 @@ def test_data_path_must_exist_on_the_worker(tmp_path):
     cfg = config()
     cfg.data.dataset, cfg.data.path = "file", missing
     with pytest.raises(ValueError, match="nope.npz.*worker tcp://w:1"):
-        check_data_here(cfg.data, "tcp://w:1")
+        check_data_here(cfg.data, "worker tcp://w:1")
     cfg.data.dataset, cfg.data.path = "fashion_mnist", str(tmp_path / "none")
     with pytest.raises(ValueError, match="none.*worker"):
-        check_data_here(cfg.data, "tcp://w:1")
-    check_data_here(config().data, "tcp://w:1")     # shipped data: nothing to check
+        check_data_here(cfg.data, "worker tcp://w:1")
+    check_data_here(config().data, "worker tcp://w:1")     # shipped data: nothing to check
 
 
 # ------------------------------------------------------------------------------- LocalCluster of 2

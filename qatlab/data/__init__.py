@@ -24,6 +24,8 @@ parameter and the allowed range. This package depends on numpy only.
 """
 from __future__ import annotations
 
+import os
+
 from ..config import DataConfig
 from .dataset import Dataset, split_indices
 from .datadir import list_data_files, resolve_data_file, save_upload
@@ -41,7 +43,7 @@ __all__ = ["Dataset", "load_dataset", "load_digits", "load_mnist", "load_mnist1d
            "list_data_files", "resolve_data_file", "save_upload", "fashion_mnist_dir",
            "ASSETS_DIR", "DIGITS_PATH", "MNIST_PATH", "MNIST1D_PATH", "FASHION_MNIST_SYSTEM_DIR",
            "FASHION_MNIST_FILES", "DATA_DIR_ENV", "MAX_CLASSES", "MAX_FEATURES", "MAX_SAMPLES", "MAX_FILE_BYTES",
-           "MAX_CSV_BYTES", "MAX_DECOMPRESSED_BYTES", "MAX_UPLOAD_BYTES"]
+           "MAX_CSV_BYTES", "MAX_DECOMPRESSED_BYTES", "MAX_UPLOAD_BYTES", "check_data_here"]
 
 
 def load_dataset(cfg) -> Dataset:
@@ -73,3 +75,15 @@ def load_dataset(cfg) -> Dataset:
     if cfg.dataset == "file":
         return load_arrays(cfg.path, test_fraction=cfg.test_fraction, seed=cfg.seed)
     raise ValueError(f"DataConfig.dataset: unknown dataset {cfg.dataset!r}")  # unreachable via Param
+
+
+def check_data_here(data_cfg, where: str) -> None:
+    """ValueError naming a data path that does not exist on this machine, the one that trains the run
+    (``where``: ``"worker tcp://..."``, ``"this machine"``)."""
+    path = data_cfg.path
+    if data_cfg.dataset == "file" and not os.path.isfile(path):
+        raise ValueError(f"data.path: {path!r} is not a file on {where}; a run's data file must exist "
+                         "where the run trains (copy it there or use a shipped dataset)")
+    if data_cfg.dataset == "fashion_mnist" and path and not os.path.isdir(path):
+        raise ValueError(f"data.path: {path!r} is not a directory on {where}; the Fashion-MNIST files "
+                         "must exist where the run trains")

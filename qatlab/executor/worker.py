@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from ..data import check_data_here
 from ..metrics import MetricsLog
 
 #: A batch of rows leaves once per slot of this many seconds of wall-clock time (and at the end): a
@@ -164,17 +165,6 @@ class _Control:
         self._closed.set()
 
 
-def check_data_here(data_cfg, where: str) -> None:
-    """ValueError naming a data path that does not exist on this machine (the worker's disk)."""
-    path = data_cfg.path
-    if data_cfg.dataset == "file" and not os.path.isfile(path):
-        raise ValueError(f"data.path: {path!r} is not a file on worker {where}; a run's data file must exist "
-                         "on the worker that trains it (copy it there or use a shipped dataset)")
-    if data_cfg.dataset == "fashion_mnist" and path and not os.path.isdir(path):
-        raise ValueError(f"data.path: {path!r} is not a directory on worker {where}; the Fashion-MNIST files "
-                         "must exist on the worker that trains the run")
-
-
 def _check_first_start(client, run_id: str) -> None:
     """WorkerLost if the run was started before (its topic holds a "start" event: the worker that
     trained it died and the scheduler gave the task to another one)."""
@@ -208,7 +198,7 @@ def run_on_worker(config: dict, run_id: str, weights: bool = True) -> dict:
     try:
         cfg = ExperimentConfig.from_dict(config)
         cfg.validate()
-        check_data_here(cfg.data, worker.address)
+        check_data_here(cfg.data, f"worker {worker.address}")
     except BaseException:
         control.close()
         raise

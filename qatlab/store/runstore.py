@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..runs import checked_name
+from ..runs import ACTIVE as TRAINING, checked_name
 from . import artifacts, rows as R, schema
 from .schema import StoreCorruptError
 from .provenance import owner_alive, provenance, this_owner
@@ -345,7 +345,7 @@ class RunStore:
         still writes to it): stop it first."""
         with self._write() as conn:
             row = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
-            if row is not None and row[0] in ("running", "paused"):
+            if row is not None and row[0] in TRAINING:
                 raise ValueError(f"run_id: run {run_id!r} is {row[0]}; stop it first, then delete it")
             conn.execute("DELETE FROM row_chunks WHERE run_id = ?", (run_id,))
             conn.execute("DELETE FROM artifacts WHERE run_id = ?", (run_id,))

@@ -46,8 +46,8 @@ from .quant_view import QuantView
 from .run_view import RunStatus, RunView
 from .runs_table import RunsTable
 from .ste_compare import SteCompareView
-from .sweep_view import SweepView
 from .streaming import StreamHub
+from .sweep_view import SweepView
 
 log = logging.getLogger(__name__)
 
