@@ -160,7 +160,7 @@ class LiveView(pn.viewable.Viewer):
         """One streaming tick: new rows into the sources (own hub only), :meth:`refresh`, then
         :meth:`fit_ranges`."""
         if self._owns_hub:
-            self.hub.pull(every_metric=self.hub.tick_is_full())
+            self.hub.tick()
         self.refresh()
         self.fit_ranges()
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 import uuid
 import weakref
 
@@ -55,6 +56,10 @@ JOIN_TIMEOUT = 30.0
 #: Rows of history a page's run keeps in the server (older ones thinned 2:1 past it): its figures
 #: show at most 1000 points a curve, and the store keeps every row (downloads read it there).
 PAGE_LOG_ROWS = 10_000
+#: Text (sidebar status, the tab's tables) changes on ticks that stream rows, so the browser lays
+#: out and repaints once for both; after this many seconds without rows (a run paused, ended or
+#: stalled) it changes on any tick.
+TEXT_QUIET_S = 0.5
 TAB_NAMES = ["Overview", "STE comparison", "Quantization", "Phases", "Runs", "Sweeps"]
 
 _groups = itertools.count(1)
@@ -153,6 +158,7 @@ class Dashboard(pn.viewable.Viewer):
         self._root = None
         self._period = period
         self.closed = False
+        self._rows_at = 0.0          # time.monotonic() of the last tick that streamed rows
         self.page = PageWatch(pn.state.curdoc if session is not None else None)
         self.reaper: threading.Thread | None = None
         self.param.watch(self._on_current, "current")
@@ -317,8 +323,12 @@ class Dashboard(pn.viewable.Viewer):
         Runs of hidden tabs keep their cursor and catch up when their tab is opened.
         """
         view = self.views[self.tabs.active]
-        self.hub.pull({r.id for r in view.shown_runs()}, every_metric=self.hub.tick_is_full())
-        self.refresh()
+        rows = self.hub.tick({r.id for r in view.shown_runs()})
+        now = time.monotonic()
+        if rows:
+            self._rows_at = now
+        if rows or now - self._rows_at > TEXT_QUIET_S:
+            self.refresh()
         view.fit_ranges()
 
     def refresh(self, force: bool = False) -> None:

@@ -9,6 +9,9 @@ coloured by :data:`qatlab.ui.figures.STE_COLORS`:
   layer and kind, ``ste-<metric>_<i>-<run id>``, dash style = layer) and
   ``fig-ste-active_grad_fraction`` (``ste-active_grad_fraction-<run id>``); no legends there
   (the colour key sits above them), since each legend is re-rendered on every streamed tick.
+  They sit in the **Per-layer detail** card (CSS class ``qatlab-ste-detail``), closed at first: they
+  are built when it is first opened and keep their place while it stays open (closed, the browser
+  draws the two overlays alone, which is what keeps four streaming runs' page cheap).
 
 The summary table (an HTML pane, CSS class ``qatlab-ste-summary``; the DataFrame behind it is
 ``SteCompareView.summary``) ranks the kinds by latest test accuracy (descending), then wall time
@@ -32,6 +35,7 @@ SUMMARY_COLUMNS = ["rank", "ste", "status", "test_accuracy", "test_loss", "secon
 
 INTRO = ("Press **Compare STE kinds** in the sidebar: the current config is trained once per "
          "straight-through estimator (same seed and data, concurrently).")
+DETAIL_TITLE = "Per-layer detail: gradient norm, quantization noise, SQNR, active-gradient fraction"
 TABLE_PERIOD = 1.0  # seconds between summary-table refreshes
 
 # (metric, title, y label, log-scale allowed); per-layer metrics draw one line per layer and kind
@@ -93,6 +97,7 @@ class SteCompareView(LiveView):
         self.figures: dict = {}
         self._shape = None           # what the figures were built for: (x field, log y, layers, kinds)
         self._bindings: dict = {}    # {kind: stream_bindings() of the figures for that kind's run}
+        self._bound: list = []       # ids of the runs the figures' lines are bound to
         self.summary = summary_frame({})
         # A fixed-height HTML table: re-rendering it once a second costs the browser almost nothing,
         # while replacing a Tabulator's value re-lays out the whole page (the browser's main CPU cost
@@ -101,6 +106,12 @@ class SteCompareView(LiveView):
                                   sizing_mode="stretch_width", margin=(0, 10))
         self.intro = pn.pane.Markdown(INTRO, margin=(5, 10))
         self._plots = pn.Column(sizing_mode="stretch_width")
+        # The small multiples are built when this card is first opened, and drawn only while it is
+        # open: closed, the page's browser draws the two overlays alone (the streaming goal).
+        self.detail = pn.Card(title=DETAIL_TITLE, collapsed=True, sizing_mode="stretch_width",
+                              css_classes=["qatlab-ste-detail"], margin=(5, 10))
+        self.detail.param.watch(self._on_detail, "collapsed")
+        self._x_range = None
         self._layout = pn.Column(self.intro, self.table, self._plots, sizing_mode="stretch_width")
         self._last_summary = None
         self._last_state = None
@@ -112,52 +123,73 @@ class SteCompareView(LiveView):
             self.rebuild()
 
     def rebuild_steps(self):
-        """(Re)create all figures for the current comparison and plot options, yielding after building
-        each figure (see :meth:`LiveView.request_rebuild`), then show them in two steps, the loss
-        and accuracy figures, then the small multiples: each change of the shown layout makes the
-        browser lay out the whole page again (so not one by one), and showing all six in one
-        event-loop turn would hold up the server's loop when several sessions press Compare at once."""
+        """(Re)create the figures for the current comparison and plot options, yielding after building
+        each figure (see :meth:`LiveView.request_rebuild`): the loss and accuracy figures, shown
+        together, then, when the detail card is open, the small multiples, shown together (each
+        change of the shown layout makes the browser lay out the whole page again, so not one by one;
+        all six in one event-loop turn would hold up the server's loop when several sessions press
+        Compare at once). A comparison drawn like the last one reuses its figures."""
         if not self.runs:
             self.figures = {}
             self._plots.objects = []
+            self.detail.objects = []
             self.table.visible = False
             self.intro.object = INTRO
             return
-        x, y_log = self.x_field, self.options.log_y
         streams = {str(getattr(k, "value", k)): self.hub.stream(r) for k, r in self.runs.items()}
         first = next(iter(self.runs.values()))
-        shape = (x, y_log, n_layers_of(first.config), tuple(streams))
+        shape = (self.x_field, self.options.log_y, n_layers_of(first.config), tuple(streams))
         if self.figures and shape == self._shape:      # a new comparison of the same kind: same figures
             self._show_intro(first)
-            self._rebind(streams)
-            return
-        xr = F.shared_x_range()
-        yield
+            if self._bound != [rs.run.id for rs in streams.values()]:   # else: the detail card opened
+                self._rebind(streams)
+        else:
+            yield from self._build_overlays(streams, shape, first)
+        if not self.detail.collapsed and "grad_norm" not in self.figures:
+            yield from self._build_small_multiples(streams, shape[2])
+        self._bindings = {kind: stream_bindings(self.figures.values(), rs) for kind, rs in streams.items()}
+        self._bound = [rs.run.id for rs in streams.values()]
+        self._last_summary = None
+        self.refresh(force=True)
 
-        loss = F.line_figure("Train loss (EMA) per STE", "loss", name="fig-ste-loss", x_field=x, x_range=xr,
-                             y_log=y_log, height=280)
+    def _build_overlays(self, streams: dict, shape: tuple, first):
+        """The loss and accuracy figures (overlaid kinds), shown once both are built; the small
+        multiples of an earlier shape are dropped (built again when the detail card is open)."""
+        x, y_log = self.x_field, self.options.log_y
+        self._x_range = F.shared_x_range()
+        yield
+        loss = F.line_figure("Train loss (EMA) per STE", "loss", name="fig-ste-loss", x_field=x,
+                             x_range=self._x_range, y_log=y_log, height=280)
         for kind, rs in streams.items():
             F.add_line(loss, rs.loss, x, "loss_s", **F.ste_line(kind), name=f"ste-loss-{rs.run.id}", label=kind)
         F.finish(loss)
         yield
-        acc = F.line_figure("Test accuracy per STE", "accuracy", name="fig-ste-accuracy", x_field=x, x_range=xr,
-                            y_range=F.fraction_range(), height=280)
+        acc = F.line_figure("Test accuracy per STE", "accuracy", name="fig-ste-accuracy", x_field=x,
+                            x_range=self._x_range, y_range=F.fraction_range(), height=280)
         for kind, rs in streams.items():
             F.add_line(acc, rs.eval, x, "test_accuracy", **F.ste_line(kind), name=f"ste-accuracy-{rs.run.id}",
                        label=kind)
         F.finish(acc, location="bottom_right")
         yield
+        self._show_intro(first)
+        self.figures, self._shape = {"loss": loss, "accuracy": acc}, shape
+        self.detail.objects = []
+        self._plots.objects = [pn.Row(bokeh_pane(loss), bokeh_pane(acc), sizing_mode="stretch_width"),
+                               self.detail]
+        yield
 
-        n_layers = n_layers_of(first.config)
+    def _build_small_multiples(self, streams: dict, n_layers: int):
+        """The four small multiples (one line per layer and kind) into the detail card."""
+        x, y_log = self.x_field, self.options.log_y
         dash_key = " ".join(f"<span style='font-family:monospace'>{_DASH_TEXT[F.LAYER_DASHES[i % 5]]}</span> "
                             f"layer {i}" for i in range(n_layers))
         legend = " ".join(f"<span style='color:{F.STE_COLORS.get(k, '#333')};font-weight:600'>&#9632; {k}</span>"
                           for k in streams)
-        figures = {"loss": loss, "accuracy": acc}
+        small = {}
         for metric, title, ylab, logy in SMALL:
             # one figure per metric (layers as dash styles), no legend: every figure and legend costs
             # the browser a repaint per streamed tick
-            fig = F.line_figure(title, ylab, name=f"fig-ste-{metric}", x_field=x, x_range=xr,
+            fig = F.line_figure(title, ylab, name=f"fig-ste-{metric}", x_field=x, x_range=self._x_range,
                                 y_log=y_log and logy, height=210)
             columns = [f"{metric}_{i}" for i in range(n_layers)] if metric in PER_LAYER else [metric]
             for i, col in enumerate(columns):
@@ -165,19 +197,17 @@ class SteCompareView(LiveView):
                     y = f"{col}_s" if f"{col}_s" in rs.train.data else col
                     F.add_line(fig, rs.train, x, y, color=F.STE_COLORS.get(kind, "#333333"), width=1.5,
                                dash=F.LAYER_DASHES[i % len(F.LAYER_DASHES)], name=f"ste-{col}-{rs.run.id}")
-            figures[metric] = fig
+            small[metric] = fig
             yield
-        self._show_intro(first)
-        top = pn.Row(bokeh_pane(loss), bokeh_pane(acc), sizing_mode="stretch_width")
-        self._plots.objects = [top]
-        yield
-        self.figures, self._shape = figures, shape
-        self._bindings = {kind: stream_bindings(figures.values(), rs) for kind, rs in streams.items()}
-        self._plots.objects = [
-            top, pn.pane.HTML(f"<b>Small multiples</b> &nbsp; {legend} &nbsp;&nbsp; {dash_key}", margin=(5, 10)),
-            pn.GridBox(*(bokeh_pane(figures[m]) for m, *_ in SMALL), ncols=2, sizing_mode="stretch_width")]
-        self._last_summary = None
-        self.refresh(force=True)
+        self.figures = {**self.figures, **small}
+        self.detail.objects = [
+            pn.pane.HTML(f"{legend} &nbsp;&nbsp; {dash_key}", margin=(5, 10)),
+            pn.GridBox(*(bokeh_pane(small[m]) for m, *_ in SMALL), ncols=2, sizing_mode="stretch_width")]
+
+    def _on_detail(self, event) -> None:
+        """Opening the detail card builds its small multiples (once per shape of comparison)."""
+        if not event.new and self.runs and "grad_norm" not in self.figures:
+            self.request_rebuild()
 
     def _rebind(self, streams: dict) -> None:
         """Point every line at the new runs' sources (and names): a comparison after the first
@@ -186,8 +216,6 @@ class SteCompareView(LiveView):
             for kind, bindings in self._bindings.items():
                 rebind(bindings, streams[kind])
         self.drop_fitter()               # the ranges fit the new data from scratch
-        self._last_summary = None
-        self.refresh(force=True)
 
     def _show_intro(self, first) -> None:
         q = first.config.quant

@@ -234,16 +234,20 @@ class RunStream:
         return self._train_cap.stride
 
     def pull(self, every_metric: bool = True) -> int:
-        """Read new rows from the run's log and stream them: loss rows at once, the training and
-        eval rows (and phase segments) only with ``every_metric`` or once the run is done (its
-        curves are complete when its status says so), else kept for a later pull.
+        """:meth:`read` new rows, then :meth:`flush` the waiting ones with ``every_metric``.
         Returns the number of rows read."""
+        n = self.read()
+        self.flush(every_metric)
+        return n
+
+    def read(self) -> int:
+        """Read new rows from the run's log: stream the loss rows at once and keep the training and
+        eval rows for :meth:`flush`. Returns the number of rows read."""
         log = self.run.log
-        flush = every_metric or self.run.done   # read before the log: a done run's log is complete
-        n = 0
-        if log.total_rows > self.cursor:
-            batch, self.cursor = log.since(self.cursor)
-            n = len(batch["row_id"])
+        if log.total_rows <= self.cursor:
+            return 0
+        batch, self.cursor = log.since(self.cursor)
+        n = len(batch["row_id"])
         if n:
             self.rows_seen += n
             nan = np.full(n, np.nan)
@@ -257,16 +261,22 @@ class RunStream:
                 rows = self._with_smoothing({c: batch.get(c, nan)[train] for c in self.columns})
                 self._loss_cap.stream({c: rows[c] for c in LOSS_COLUMNS})
                 self._pending.append(rows)
-        if flush and self._pending_eval:
+        return n
+
+    def flush(self, every_metric: bool = True) -> None:
+        """Stream the training and eval rows read so far (and phase segments), with ``every_metric``
+        or once the run is done and read (its curves are complete when its status says so)."""
+        if not (every_metric or (self.run.done and self.cursor >= self.run.log.total_rows)):
+            return
+        if self._pending_eval:
             self.eval.stream(_payload(_joined(self._pending_eval)), rollover=EVAL_CAP)
             self._pending_eval = []
-        if flush and self._pending:
+        if self._pending:
             rows = _joined(self._pending)
             self._pending = []
             self._train_cap.stream(rows)
             if "phase" in rows:
                 self._stream_phases(rows["step"], rows["time"], rows["phase"])
-        return n
 
     def _plan_stride(self) -> None:
         """Plan both capped sources' stride from the run's planned training rows (module doc)."""
@@ -357,6 +367,7 @@ class StreamHub:
         self.cap = cap
         self._streams: dict[str, RunStream] = {}
         self.ticks = 0
+        self._flushed = -DETAIL_EVERY    # tick of the last pull that streamed every metric
 
     def stream(self, run) -> RunStream:
         """The RunStream of ``run`` (created, and filled with everything logged so far, on first use)."""
@@ -378,22 +389,37 @@ class StreamHub:
         """Stream new rows of every run (or only of ``run_ids``); returns the rows read.
 
         ``every_metric`` False streams only loss rows (the training and eval rows wait, see
-        :meth:`RunStream.pull`); the periodic tick passes :meth:`tick_is_full`. Runs left out keep
-        their cursor and catch up on a later pull. Bokeh's per-stream property validation (a full
-        pass over every column) is skipped: the batches are built here from numpy columns of
-        equal length.
+        :meth:`RunStream.read`). Runs left out keep their cursor and catch up on a later pull.
+        Bokeh's per-stream property validation (a full pass over every column) is skipped: the
+        batches are built here from numpy columns of equal length.
         """
-        self.ticks += 1
-        total = 0
+        return self._pull(run_ids, every_metric)
+
+    def tick(self, run_ids=None) -> int:
+        """One periodic tick: :meth:`pull` with every metric when :meth:`tick_is_full` and the tick
+        reads rows (they arrive in batches several ticks apart, and a tick without them would make
+        the browser repaint on its own), or when that is overdue by another :data:`DETAIL_EVERY`
+        ticks (a paused run's last rows). Returns the rows read."""
+        return self._pull(run_ids, None)
+
+    def _pull(self, run_ids, every_metric: bool | None) -> int:
         with validate(False):
-            for rid, rs in list(self._streams.items()):
-                if (run_ids is None or rid in run_ids) and not rs.exhausted:
-                    total += rs.pull(every_metric)
+            pulled = [rs for rid, rs in list(self._streams.items())
+                      if (run_ids is None or rid in run_ids) and not rs.exhausted]
+            total = sum(rs.read() for rs in pulled)
+            if every_metric is None:
+                overdue = self.ticks - self._flushed >= 2 * DETAIL_EVERY
+                every_metric = self.tick_is_full() and (total > 0 or overdue)
+            if every_metric:
+                self._flushed = self.ticks
+            for rs in pulled:
+                rs.flush(every_metric)
+        self.ticks += 1
         return total
 
     def tick_is_full(self) -> bool:
-        """Whether the next :meth:`pull` is one of every :data:`DETAIL_EVERY` that streams every metric."""
-        return self.ticks % DETAIL_EVERY == 0
+        """Whether the training and eval rows are due (:data:`DETAIL_EVERY` ticks since they last went)."""
+        return self.ticks - self._flushed >= DETAIL_EVERY
 
     def set_smoothing(self, weight: float) -> None:
         """Change the EMA weight of every stream (recomputes the smoothed columns)."""

@@ -155,6 +155,14 @@ def test_compare_ste_kinds_shows_four_runs(dash):
 
     assert dash.wait_status(lambda s: s in DONE, timeout=120, what="finished") == "finished"
     wait_for(lambda: all(i in dash.body_text() for i in ids), 15, "the four run ids in the summary table")
+    # the small multiples are built when their card is opened, from the runs' rows so far
+    assert not dash.model_names("fig-ste-grad_norm")
+    dash.page.locator(".qatlab-ste-detail").get_by_text("Per-layer detail").click()
+    wait_for(lambda: dash.model_names("ste-active_grad_fraction-"), 30, "the small multiples' lines")
+    assert sorted(n.removeprefix("ste-active_grad_fraction-") for n in dash.model_names("ste-active_grad_fraction-")) == ids
+    per_layer = dash.model_names("ste-sqnr_db_0-")                # one line per layer and kind
+    assert sorted(n.removeprefix("ste-sqnr_db_0-") for n in per_layer) == ids
+    assert dash.page.locator(".qatlab-ste-detail canvas").count() >= 4
 
 
 RANGES_JS = """(name) => {

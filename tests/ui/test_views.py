@@ -164,6 +164,55 @@ def test_loss_streams_every_tick_the_rest_every_detail_tick():
     assert rs.exhausted and len(rs.train.data["k"]) == n + 1 and len(rs.eval.data["step"]) == DETAIL_EVERY + 2
 
 
+def test_a_tick_streams_every_metric_with_rows_that_arrive_not_on_its_own():
+    # Rows come in batches several ticks apart: a tick that streamed the training and eval rows
+    # without a batch would make the browser repaint on its own, between two loss updates.
+    from qatlab.ui.streaming import DETAIL_EVERY
+    run = ql.LocalRun(small_config())
+    hub = StreamHub()
+    rs = hub.stream(run)
+    step = iter(range(1, 10_000))
+
+    def tick(rows: int) -> tuple:
+        for _ in range(rows):
+            run.log.append({"step": next(step), "loss": 1.0})
+        due = hub.tick_is_full()
+        hub.tick()
+        return due, len(rs.loss.data["k"]), len(rs.train.data["k"])
+
+    assert tick(2) == (True, 2, 2)                               # due, with rows: everything goes
+    assert [tick(1)[2] for _ in range(DETAIL_EVERY - 1)] == [2] * (DETAIL_EVERY - 1)   # loss rows only
+    assert tick(0) == (True, 11, 2)                              # due, but no rows: waits ...
+    assert tick(1) == (True, 12, 12)                             # ... for the next batch
+    for _ in range(2 * DETAIL_EVERY - 1):
+        tick(0)
+    run.log.append({"step": next(step), "loss": 1.0})
+    hub.pull(every_metric=False)                                 # read, held for the training source
+    assert len(rs.train.data["k"]) == 12 and tick(0) == (True, 13, 13)   # overdue: goes without a batch
+
+
+def test_the_sidebar_text_changes_on_ticks_that_stream_rows(tmp_path, monkeypatch):
+    from qatlab.ui import Dashboard
+    from qatlab.ui.dashboard import TEXT_QUIET_S
+    dash = Dashboard(period=0, store=ql.RunStore(tmp_path / "runs.sqlite"))
+    try:
+        rows, refreshed = [], []
+        monkeypatch.setattr(dash.hub, "tick", lambda run_ids=None: rows.pop())
+        monkeypatch.setattr(dash, "refresh", lambda force=False: refreshed.append(True))
+
+        def tick(n: int) -> bool:
+            rows.append(n)
+            before = len(refreshed)
+            dash.pull()
+            return len(refreshed) > before
+
+        assert [tick(3), tick(0), tick(0), tick(2), tick(0)] == [True, False, False, True, False]
+        dash._rows_at -= TEXT_QUIET_S + 0.01                     # no rows for a while: paused or ended
+        assert tick(0) and tick(0)
+    finally:
+        dash.close(join_timeout=5)
+
+
 def test_stream_decimates_long_histories():
     run = ql.LocalRun(small_config())
     hub = StreamHub(cap=100)
@@ -348,8 +397,16 @@ def test_ste_compare_view_small_multiples_and_ranking():
         run.log.append({"step": 21, "epoch": 1, "time": 1.0 + i, "test_loss": 0.5, "test_accuracy": 0.5 + 0.1 * i})
     view.hub.pull()
     view.refresh(force=True)
+    assert {f.name for f in view.figures.values()} == {"fig-ste-loss", "fig-ste-accuracy"}
+    assert view.detail.collapsed and view.detail.objects == []     # the small multiples wait for the card
+    loss = view.figures["loss"]
+    view.detail.collapsed = False
     assert {f"fig-ste-{c}" for c in ("loss", "accuracy", "grad_norm", "noise_mse", "sqnr_db",
                                       "active_grad_fraction")} == {f.name for f in view.figures.values()}
+    assert view.figures["loss"] is loss and len(view.detail.objects) == 2
+    view.detail.collapsed = True                     # closed again: built once, kept
+    view.detail.collapsed = False
+    assert view.figures["loss"] is loss and len(view.detail.objects) == 2
     assert len(names(view.figures["loss"])) == 4
     run0 = next(iter(runs.values()))
     assert {f"ste-grad_norm_0-{run0.id}", f"ste-grad_norm_1-{run0.id}"} <= names(view.figures["grad_norm"])
@@ -561,14 +618,18 @@ def test_ste_rebuild_runs_in_pieces_and_a_newer_request_abandons_an_older_one(se
 
     from panel.io.state import set_curdoc
     view = comparison_view()                                 # no server session: built at once
+    view.detail.collapsed = False                            # (the small multiples too)
     at_once = sorted(view.figures)
+    assert len(at_once) == 6
     view._shape = None                   # (else a comparison of the same shape reuses the figures)
-    before, shown = list(view._plots.objects), []
-    for _ in view.rebuild_steps():        # the shown layout changes twice, in the last two pieces
-        shown.append([o for o in view._plots.objects if not any(o is b for b in before)])
+    shown = []
+    for _ in view.rebuild_steps():        # the shown layout changes twice: the overlays, then the rest
+        shown.append((tuple(map(id, view._plots.objects)), len(view.detail.objects)))
     assert len(shown) >= len(at_once) and sorted(view.figures) == at_once
-    assert not any(shown[:-1]) and len(shown[-1]) == 1      # the loss and accuracy row first ...
-    assert len(view._plots.objects) == 3 and view._plots.objects[0] is shown[-1][0]   # ... then the rest
+    layouts = [s[0] for s in shown]
+    overlays = layouts.index(layouts[-1])                    # the piece that showed the loss and accuracy row
+    assert len(set(layouts)) == 2 and 0 < overlays < len(shown) - 1
+    assert all(s[1] == 0 for s in shown[overlays:]) and len(view.detail.objects) == 2   # the rest at the end
 
     doc, scheduled = server_doc()
     with set_curdoc(doc):
