@@ -13,12 +13,14 @@ Stable Bokeh model names, for ``Bokeh.documents[0].get_model_by_name(name)`` in 
 
 - sources (one set per shown run and session): ``loss-source-<run id>`` (training rows, loss only:
   ``step``, ``time``, ``loss``, ``loss_s`` (EMA), streamed every tick), ``train-source-<run id>``
-  (training rows, every metric: ``loss``, per-layer metrics, phase columns, ...; every tenth tick),
-  ``eval-source-<run id>`` (epoch rows: ``test_loss``, ``test_accuracy``, ...; every tenth tick),
+  (training rows, every metric: ``loss``, per-layer metrics, phase columns, ...; about once a
+  second, on a tick that streams rows), ``eval-source-<run id>`` (epoch rows: ``test_loss``,
+  ``test_accuracy``, ...; with the training source),
   ``phase-source-<run id>`` (phase segments); histogram sources ``hist-latent-layer<i>`` and
   ``hist-quant-layer<i>`` (see :mod:`qatlab.ui.streaming` for the columns);
 - figures: ``fig-loss``, ``fig-accuracy``, ``fig-speedup``; ``fig-ste-loss``, ``fig-ste-accuracy``,
-  ``fig-ste-grad_norm``, ``fig-ste-noise_mse``, ``fig-ste-sqnr_db``, ``fig-ste-active_grad_fraction``;
+  and, once the comparison's Per-layer detail card is opened, ``fig-ste-grad_norm``,
+  ``fig-ste-noise_mse``, ``fig-ste-sqnr_db``, ``fig-ste-active_grad_fraction``;
   ``fig-hist-latent-<i>``, ``fig-hist-quant-<i>``, ``fig-quant-fractions``, ``fig-quant-scale``,
   ``fig-quant-saturation``, ``fig-quant-sqnr``; ``fig-phase-timeline``, ``fig-phase-backward``,
   ``fig-phase-pred``, ``fig-phase-lengths``; ``fig-runs-loss``, ``fig-runs-accuracy``;
@@ -29,7 +31,8 @@ Stable Bokeh model names, for ``Bokeh.documents[0].get_model_by_name(name)`` in 
   selectors pierce it, e.g. ``page.get_by_text(re.compile("Status: finished"))``):
   ``qatlab-status`` (``Status: <status>``), ``qatlab-progress`` (bar), ``qatlab-progress-text``
   (``step a / b · r steps/s · ETA t``), ``qatlab-run-alert``, ``qatlab-config-error``,
-  ``qatlab-ste-summary`` (ranking table), ``qatlab-runs-table`` (Tabulator),
+  ``qatlab-ste-summary`` (ranking table), ``qatlab-ste-detail`` (the Per-layer detail card),
+  ``qatlab-runs-table`` (Tabulator),
   ``qatlab-plot-controls``.
 
 Plumbing: :mod:`~qatlab.ui.streaming` (log rows -> sources), :mod:`~qatlab.ui.figures` (figure
