@@ -6,7 +6,7 @@ owns its hub, then :meth:`LiveView.refresh` for the non-streamed parts: tables,
 histograms, status text). Changing ``log_y`` or ``x_axis`` rebuilds the view's
 figures from the same sources (Bokeh cannot swap a live figure's scale type).
 
-In a server session a view with ``rebuild_steps`` (the STE comparison's six figures) builds one
+In a server session a view with ``rebuild_steps`` (the STE comparison's figures) builds one
 figure per event-loop turn and shows them in two steps, so other sessions' requests are answered
 in between; no piece starts within ``PRESS_QUIET_S`` of a button press on any page
 (:func:`note_press`), so presses are answered before figures are built. The time-series figures'

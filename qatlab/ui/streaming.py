@@ -8,12 +8,13 @@ four ColumnDataSources for the run:
     the training loss alone, streamed on every tick: ``step``, ``epoch``, ``time``, ``loss``,
     ``loss_s``, ``k`` (the loss curves use it).
 ``train-source-<run id>``  (``RunStream.train``)
-    every training metric, streamed on every :data:`DETAIL_EVERY`-th tick (the rows of the ticks
-    between wait in the RunStream; a run that has ended streams them on the next tick): the
-    browser applies each stream to every glyph drawn from the source and repaints its figure, and
-    with four runs compared that is ~40 glyphs in six figures. Streaming them less often cuts the
+    every training metric, streamed at most every :data:`DETAIL_EVERY`-th tick, on a tick that also
+    streams loss rows (:meth:`StreamHub.tick`; the rows of the ticks between wait in the RunStream;
+    a run that has ended streams them on the next tick): the browser applies each stream to every
+    glyph drawn from the source and repaints its figure (the STE comparison's small multiples
+    draw ~40 glyphs in four figures). Streaming them less often, and with the loss rows, cuts the
     browser's CPU use (on a small machine it shares the cores with the server and the training);
-    each small multiple costs about the same per refresh whatever its point count.
+    a figure costs about the same per refresh whatever its point count.
     One row per logged training step: ``step``, ``epoch``, ``time``, ``loss``, ``lr``,
     ``steps_per_second``, ``active_grad_fraction``, per layer ``grad_norm_<i>``,
     ``noise_mse_<i>``, ``sqnr_db_<i>``, ``scale_<i>``, ``saturation_<i>``,
@@ -65,7 +66,7 @@ from ..metrics import EPOCH_COLUMNS, LAYER_METRICS, PHASE_COLUMNS, STEP_COLUMNS
 from .figures import PHASE_COLORS, PHASE_NAMES
 
 DISPLAY_CAP = 1000
-#: The training and eval sources are streamed on every DETAIL_EVERY-th tick (1 Hz), the loss sources on every tick.
+#: The training and eval sources are streamed at most every DETAIL_EVERY-th tick (1 Hz), the loss sources on every tick.
 DETAIL_EVERY = 10
 EVAL_CAP = 10_000
 PHASE_CAP = 5000
