@@ -23,8 +23,9 @@ from ..metrics import MetricsLog
 
 #: A batch of rows leaves once per slot of this many seconds of wall-clock time (and at the end): a
 #: live curve can move about 5.5 times a second (the page's goal is 5 updates/s; each update costs
-#: the browser a repaint of its figure on the cores the runs train on), and rows are seen within ~0.3 s. Slots of the clock, not of the run: runs training at once send together, so a
-#: page showing them draws one update where unaligned batches made it draw one per run.
+#: the browser a repaint on the cores the runs train on), and rows are seen within ~0.3 s. Slots of
+#: the clock, not of the run: runs training at once send together, so a page showing them draws
+#: one update where unaligned batches made it draw one per run.
 SEND_SECONDS = 0.18
 #: The control Variable is read this often.
 POLL_SECONDS = 0.1
