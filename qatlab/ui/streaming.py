@@ -5,9 +5,8 @@ a view wants to show, the hub keeps one :class:`RunStream` holding that session'
 four ColumnDataSources for the run:
 
 ``loss-source-<run id>``  (``RunStream.loss``)
-    the training loss alone, streamed on every tick that reads rows (a periodic tick that has some
-    of a batch of runs training together waits once for the rest, :meth:`StreamHub.tick`):
-    ``step``, ``epoch``, ``time``, ``loss``, ``loss_s``, ``k`` (the loss curves use it).
+    the training loss alone, streamed on every tick: ``step``, ``epoch``, ``time``, ``loss``,
+    ``loss_s``, ``k`` (the loss curves use it).
 ``train-source-<run id>``  (``RunStream.train``)
     every training metric, streamed at most every :data:`DETAIL_EVERY`-th tick, on a tick that also
     streams loss rows (:meth:`StreamHub.tick`; the rows of the ticks between wait in the RunStream;
@@ -213,7 +212,6 @@ class RunStream:
         self.loss = ColumnDataSource(_empty(LOSS_COLUMNS), name=f"loss-source-{run.id}")
         self._train_cap, self._loss_cap = _Capped(self.train, cap), _Capped(self.loss, cap)
         self._pending: list[dict] = []   # training rows read but not yet in self.train
-        self._pending_loss: list[dict] = []   # loss rows read but not yet in self.loss
         self._pending_eval: list[dict] = []   # eval rows read but not yet in self.eval
         self.eval = ColumnDataSource(_empty(EPOCH_COLUMNS), name=f"eval-source-{run.id}")
         self.phases = ColumnDataSource(_empty(["left", "right", "left_t", "right_t", "phase", "label", "color"]),
@@ -229,7 +227,7 @@ class RunStream:
     def exhausted(self) -> bool:
         """The run is done and every row it logged is in the sources."""
         return (self.run.done and self.cursor >= self.run.log.total_rows and not self._pending
-                and not self._pending_eval and not self._pending_loss)
+                and not self._pending_eval)
 
     @property
     def stride(self) -> int:
@@ -237,16 +235,15 @@ class RunStream:
         return self._train_cap.stride
 
     def pull(self, every_metric: bool = True) -> int:
-        """:meth:`read` new rows, stream the loss rows and :meth:`flush` the rest with ``every_metric``.
+        """:meth:`read` new rows, then :meth:`flush` the waiting ones with ``every_metric``.
         Returns the number of rows read."""
         n = self.read()
-        self.flush_loss()
         self.flush(every_metric)
         return n
 
     def read(self) -> int:
-        """Read new rows from the run's log and keep them for :meth:`flush_loss` and :meth:`flush`.
-        Returns the number of rows read."""
+        """Read new rows from the run's log: stream the loss rows at once and keep the training and
+        eval rows for :meth:`flush`. Returns the number of rows read."""
         log = self.run.log
         if log.total_rows <= self.cursor:
             return 0
@@ -263,18 +260,9 @@ class RunStream:
                 if self.k == 0:
                     self._plan_stride()
                 rows = self._with_smoothing({c: batch.get(c, nan)[train] for c in self.columns})
-                self._pending_loss.append({c: rows[c] for c in LOSS_COLUMNS})
+                self._loss_cap.stream({c: rows[c] for c in LOSS_COLUMNS})
                 self._pending.append(rows)
         return n
-
-    def flush_loss(self) -> int:
-        """Stream the loss rows read so far; returns how many."""
-        if not self._pending_loss:
-            return 0
-        rows = _joined(self._pending_loss)
-        self._pending_loss = []
-        self._loss_cap.stream(rows)
-        return len(rows["k"])
 
     def flush(self, every_metric: bool = True) -> None:
         """Stream the training and eval rows read so far (and phase segments), with ``every_metric``
@@ -381,7 +369,6 @@ class StreamHub:
         self._streams: dict[str, RunStream] = {}
         self.ticks = 0
         self._flushed = -DETAIL_EVERY    # tick of the last pull that streamed every metric
-        self._held = False               # the last tick held a batch back (see tick)
 
     def stream(self, run) -> RunStream:
         """The RunStream of ``run`` (created, and filled with everything logged so far, on first use)."""
@@ -410,37 +397,26 @@ class StreamHub:
         return self._pull(run_ids, every_metric)
 
     def tick(self, run_ids=None) -> int:
-        """One periodic tick, like :meth:`pull`, for a browser that repaints a figure on each tick
-        that changes it. Runs training together send their rows in batches of the same instant,
-        several ticks apart: when only some of the live runs' batches have arrived, the tick waits
-        for the others until the next tick (once), so the figures change once per batch. Every
-        metric streams when :meth:`tick_is_full` and the tick streams rows (or when that is
-        overdue by another :data:`DETAIL_EVERY` ticks: a paused run's last rows). Returns the
-        training rows streamed."""
+        """One periodic tick: :meth:`pull` with every metric when :meth:`tick_is_full` and the tick
+        reads rows (they arrive in batches several ticks apart, and a tick without them would make
+        the browser repaint on its own), or when that is overdue by another :data:`DETAIL_EVERY`
+        ticks (a paused run's last rows). Returns the rows read."""
         return self._pull(run_ids, None)
 
     def _pull(self, run_ids, every_metric: bool | None) -> int:
-        is_tick = every_metric is None
         with validate(False):
             pulled = [rs for rid, rs in list(self._streams.items())
                       if (run_ids is None or rid in run_ids) and not rs.exhausted]
-            read = [rs.read() for rs in pulled]
-            if is_tick:
-                live = [n > 0 for rs, n in zip(pulled, read) if not rs.run.done]
-                self._held = any(live) and not all(live) and not self._held
-                if self._held:
-                    self.ticks += 1
-                    return 0
-            streamed = sum(rs.flush_loss() for rs in pulled)
-            if is_tick:
+            total = sum(rs.read() for rs in pulled)
+            if every_metric is None:
                 overdue = self.ticks - self._flushed >= 2 * DETAIL_EVERY
-                every_metric = self.tick_is_full() and (streamed > 0 or overdue)
+                every_metric = self.tick_is_full() and (total > 0 or overdue)
             if every_metric:
                 self._flushed = self.ticks
             for rs in pulled:
                 rs.flush(every_metric)
         self.ticks += 1
-        return streamed if is_tick else sum(read)
+        return total
 
     def tick_is_full(self) -> bool:
         """Whether the training and eval rows are due (:data:`DETAIL_EVERY` ticks since they last went)."""

@@ -191,28 +191,6 @@ def test_a_tick_streams_every_metric_with_rows_that_arrive_not_on_its_own():
     assert len(rs.train.data["k"]) == 12 and tick(0) == (True, 13, 13)   # overdue: goes without a batch
 
 
-def test_a_tick_waits_once_for_the_other_runs_batches():
-    # Runs training together send their rows at the same instants; a tick that sees some of a
-    # batch would make the browser repaint twice for it.
-    a, b = ql.LocalRun(small_config()), ql.LocalRun(small_config())
-    hub = StreamHub()
-    ra, rb = hub.stream(a), hub.stream(b)
-    step = iter(range(1, 10_000))
-
-    def tick(*runs) -> tuple:
-        for run in runs:
-            run.log.append({"step": next(step), "loss": 1.0})
-        return hub.tick(), len(ra.loss.data["k"]), len(rb.loss.data["k"])
-
-    assert tick(a, b) == (2, 1, 1)
-    assert tick(a) == (0, 1, 1)              # b's batch has not arrived: wait
-    assert tick(b) == (2, 2, 2)              # both at once
-    assert tick(a) == (0, 2, 2)
-    assert tick() == (1, 3, 2)               # waited once: a's rows go without b's
-    b.status = "finished"                    # an ended run is not waited for
-    assert tick(a) == (1, 4, 2)
-
-
 def test_the_sidebar_text_changes_on_ticks_that_stream_rows(tmp_path, monkeypatch):
     from qatlab.ui import Dashboard
     from qatlab.ui.dashboard import TEXT_QUIET_S
