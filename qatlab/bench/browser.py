@@ -126,7 +126,9 @@ class AppServer:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                if "already in use" in self.log_tail():      # ("Cannot start Bokeh server, port N is ...")
+                # ("Cannot start Bokeh server, port N is ..."), anywhere in the log: the local
+                # cluster's shutdown can log tracebacks after it
+                if "already in use" in self.log_tail(lines=None):
                     raise _PortTaken()
                 raise RuntimeError(f"panel serve exited with {self.proc.returncode}:\n{self.log_tail()}")
             if http_status(self.url, timeout=5.0) == 200:
@@ -136,9 +138,10 @@ class AppServer:
         raise RuntimeError(f"panel serve did not answer {self.url} within {self.startup_timeout:.0f} s:\n"
                            f"{self.log_tail()}")
 
-    def log_tail(self, lines: int = 40) -> str:
+    def log_tail(self, lines: int | None = 40) -> str:
+        """The server log's last ``lines`` lines (None: all of it)."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines if lines else 0:])
         except OSError:
             return "(no log)"
 
