@@ -148,8 +148,11 @@ def test_compare_ste_kinds_shows_four_runs(dash):
     assert sorted(n.removeprefix("ste-loss-") for n in lines) == ids      # one overlaid line per kind
     # the summary table catches up within its 1 s throttle: every kind shows a test accuracy
     wait_for(lambda: "–%" not in dash.text_of(".qatlab-ste-summary"), 10, "test accuracies in the summary table")
-    wait_for(lambda: all(n > 0 for k, n in dash.source_lengths("eval-source-").items()
-                         if k.removeprefix("eval-source-") in ids), 10, "test accuracies in the accuracy figure")
+
+    def evaluated() -> bool:
+        rows = {k.removeprefix("eval-source-"): n for k, n in dash.source_lengths("eval-source-").items()}
+        return all(rows.get(i, 0) > 0 for i in ids)
+    wait_for(evaluated, 10, "test accuracies in the accuracy figure")
     mid = dash.status()
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     dash.page.screenshot(path=str(SCREENSHOT))          # about a second of training: usually finished
