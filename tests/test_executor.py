@@ -126,7 +126,8 @@ def test_data_path_must_exist_on_the_worker(tmp_path):
 @pytest.mark.slow
 def test_local_cluster_settings_reach_its_scheduler_and_workers(client2):
     """LOCAL_DASK_CONFIG holds on the scheduler (no retry, no work stealing, a slow tick) and in the
-    worker processes (slow tick, psutil sampling and memory checks), not only where it was set."""
+    worker processes (slow tick, psutil sampling and memory checks, no statistical profiler), not only where
+    it was set."""
     import dask
 
     from qatlab.executor.cluster import LOCAL_DASK_CONFIG
@@ -136,10 +137,14 @@ def test_local_cluster_settings_reach_its_scheduler_and_workers(client2):
 
     assert client2.run_on_scheduler(scheduler_view) == (0, False, 0.5)
     keys = ("distributed.admin.tick.interval", "distributed.admin.system-monitor.interval",
-            "distributed.worker.memory.monitor-interval", "distributed.admin.low-level-log-length")
+            "distributed.worker.memory.monitor-interval", "distributed.admin.low-level-log-length",
+            "distributed.worker.profile.enabled")
     seen = client2.run(lambda: [dask.config.get(k) for k in keys])
     assert len(seen) == 2
     assert all(values == [LOCAL_DASK_CONFIG[k] for k in keys] for values in seen.values())
+    assert LOCAL_DASK_CONFIG["distributed.worker.profile.enabled"] is False
+    profiling = client2.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks)
+    assert profiling and not any(profiling.values())
     # the scheduler's own log keeps few records; a leaving client's events are dropped after a minute
     assert client2.run_on_scheduler(lambda dask_scheduler: dask_scheduler._deque_handler.deque.maxlen) == 100
     assert dask.config.get("distributed.scheduler.events-cleanup-delay") == "60s"

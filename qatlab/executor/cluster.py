@@ -27,6 +27,8 @@ MIN_LOCAL_WORKERS = 4
 #: logs keep their last 10 entries, not 1000: the scheduler's log of what it sent a client kept a
 #: run's last 1000 row batches in the server's memory (a client made by :func:`local_client`). Its
 #: own logs keep their last 100 records, not 10,000 (a few per run, kept for good in a long-lived server).
+#: Dask's statistical profiler is off: a callback on each worker's event loop that walked the running
+#: task's stack 100 times a second, taking the GIL from the training thread, for Dask's own dashboard.
 LOCAL_DASK_CONFIG = {
     "distributed.scheduler.allowed-failures": 0,
     "distributed.scheduler.worker-saturation": 1.0,
@@ -36,6 +38,7 @@ LOCAL_DASK_CONFIG = {
     "distributed.worker.memory.monitor-interval": "1s",
     "distributed.admin.low-level-log-length": 10,
     "distributed.admin.log-length": 100,
+    "distributed.worker.profile.enabled": False,
 }
 #: Set process-wide where the local scheduler runs (Dask reads it each time a client leaves, not when
 #: the scheduler starts): each run's two Variables leave as scheduler clients, and Dask keeps a task
