@@ -632,7 +632,7 @@ class RunsTable(LiveView):
             raw = self.store.listing()
         except (StoreLockedError, ValueError) as exc:
             log.warning("qatlab: reading the run store failed: %s", exc)
-            self._store_error = f"The run store cannot be read now: {scrub_paths(str(exc))}"
+            self._store_error = f"The run store cannot be read now: {_md(scrub_paths(str(exc)))}"
             self._say(self._store_error)
             return
         if self._store_error is not None:       # readable again

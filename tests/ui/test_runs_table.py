@@ -482,6 +482,18 @@ def test_a_store_that_cannot_be_read_is_said_without_its_path_and_recovers(store
     assert not table.message.visible
 
 
+def test_a_store_error_is_shown_literally(store, monkeypatch):
+    from qatlab.store import RunStore
+    table = table_for(store)
+
+    def broken(_store):
+        raise ValueError("table runs has no column named <b>*x*</b>")
+    monkeypatch.setattr(RunStore, "listing", broken)
+    table.refresh(force=True)
+    text = table.message.object
+    assert re.search(r"(?<!\\)[<>*]", text) is None and r"\<b\>\*x\*" in text
+
+
 def test_names_from_notebooks_are_shown_literally_in_questions(store):
     rid = make_run(store, name="n", owner=OTHER_HOST)
     with sqlite3.connect(store.path) as conn:       # (a name the store refuses now: an older store's, or another tool's)
