@@ -155,7 +155,7 @@ def test_compare_ste_kinds_shows_four_runs(dash):
     wait_for(evaluated, 10, "test accuracies in the accuracy figure")
     mid = dash.status()
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    dash.page.screenshot(path=str(SCREENSHOT))          # about a second of training: usually finished
+    dash.page.screenshot(path=str(SCREENSHOT))          # the runs may have finished by now (printed below)
     print(f"screenshot saved to {SCREENSHOT} (status then: {mid})")
 
     assert dash.wait_status(lambda s: s in DONE, timeout=120, what="finished") == "finished"
