@@ -12,6 +12,7 @@ import pytest
 
 import qatlab as ql
 from qatlab.executor import RemoteRun, connect, local_cluster
+from qatlab.executor.cluster import LOCAL_NICE
 from qatlab.executor.worker import check_data_here, topic
 
 TIME_COLUMNS = ("time", "steps_per_second")          # wall-clock columns: differ run to run
@@ -118,6 +119,33 @@ def test_data_path_must_exist_on_the_worker(tmp_path):
     with pytest.raises(ValueError, match="none.*worker"):
         check_data_here(cfg.data, "worker tcp://w:1")
     check_data_here(config().data, "worker tcp://w:1")     # shipped data: nothing to check
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling classes")
+def test_lower_priority_applies_to_its_thread_and_the_threads_it_starts():
+    """(On Linux nice and the scheduling class are per thread: the test's own thread keeps its own.)"""
+    import threading
+
+    from qatlab.executor.cluster import lower_priority
+    mine = os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0)
+    seen = {}
+
+    def child():
+        seen["child"] = os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0)
+
+    def worker_thread():
+        lower_priority(3)
+        seen["own"] = os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0)
+        t = threading.Thread(target=child)
+        t.start()
+        t.join()
+
+    t = threading.Thread(target=worker_thread)
+    t.start()
+    t.join()
+    want = (min(mine[0] + 3, 19), os.SCHED_BATCH)
+    assert seen == {"own": want, "child": want}
+    assert (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0)) == mine
 
 
 # ------------------------------------------------------------------------------- LocalCluster of 2
@@ -486,6 +514,10 @@ def test_connect_starts_one_warm_local_cluster_and_shutdown_stops_its_runs(store
             from qatlab import warmup
             return warmup.wait(240) and warmup.status()[0] == 0 and "qatlab.train.trainer" in sys.modules
         assert all(client.run(warmed).values())
+        # the tasks train at a lower priority than this process, as batch work (lower_priority)
+        task_thread = client.submit(lambda: (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0)),
+                                    pure=False).result()
+        assert task_thread == (min(os.getpriority(os.PRIO_PROCESS, 0) + LOCAL_NICE, 19), os.SCHED_BATCH)
         run = RemoteRun(config(epochs=5000), store=store).start()      # on connect()'s cluster
         wait_for(lambda: len(run.log) > 0, JOIN, "the run's first rows")
     finally:

@@ -46,7 +46,8 @@ LOCAL_DASK_CONFIG = {
 LOCAL_SCHEDULER_PROCESS_CONFIG = {"distributed.scheduler.events-cleanup-delay": "60s"}
 CONNECT_TIMEOUT = "20s"
 #: The local cluster's worker processes run at this lower CPU priority (nice) than the process that
-#: started them: a machine that serves the dashboard and trains answers its pages first.
+#: started them, as batch work (:func:`lower_priority`): a machine that serves the dashboard and
+#: trains answers its pages first.
 LOCAL_NICE = 10
 
 _lock = threading.RLock()
@@ -74,11 +75,25 @@ class WarmWorker(_PluginBase):
 
     def setup(self, worker) -> None:
         import qatlab  # noqa: F401  (one BLAS thread, Numba's cache directory)
-        if self.nice and hasattr(os, "nice"):
-            os.nice(self.nice)          # (a worker process's own priority; Linux may not raise it back)
+        if self.nice:
+            lower_priority(self.nice)
         if self.warm:
             from qatlab import warmup
             warmup.start()
+
+
+def lower_priority(nice: int) -> None:
+    """Lower this thread's CPU priority by ``nice`` and, on Linux, put it in the batch scheduling
+    class (CPU-bound work whose wake-ups do not preempt running tasks); threads it starts later (a
+    worker's task threads) inherit both. Linux does not let an unprivileged process raise the nice
+    value back."""
+    if hasattr(os, "nice"):
+        os.nice(nice)
+    if hasattr(os, "SCHED_BATCH"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        except OSError:                 # (a sandbox may refuse it; the nice value holds)
+            pass
 
 
 def _check_workers(n_workers) -> int:
