@@ -76,7 +76,7 @@ from . import bokeh_path
 from .browser import (INSPECT_ENV, VIEWPORT, AppServer, DashboardPage, browser_unavailable, http_status,
                       launch_chromium, wait_until)
 from .kit import BenchOptions, Column, Goal, SuiteNotAvailable, SuiteResult, Table, suite
-from .proc_cpu import cpu_by_kind, cpu_seconds, stat_fields, used_since
+from .proc_cpu import cpu_seconds, process_cpu, stat_fields, used_since
 
 # The page takes a second press of Start within 0.5 s of the first as a double click (and drops it);
 # a 1-epoch run can end sooner than that.
@@ -468,7 +468,7 @@ def _without_ste(cfg: dict) -> dict:
 
 
 def _headless_four(server: AppServer, epochs: int, kind: str = "digits") -> dict:
-    before = cpu_by_kind(server.proc.pid)
+    before = process_cpu(server.proc.pid)
     out = _group_throughput(server.inspect(f"/headless?epochs={epochs}&kind={kind}", timeout=900)["runs"])
     out["cpu_by_kind"] = used_since(before, server.proc.pid)
     return out
@@ -481,7 +481,7 @@ def _page_four(browser, server: AppServer, epochs: int, timeout: float, kind: st
         set_page_config(dp, epochs, kind=kind)
         before = set(server.runs())
         dp.start_update_counter("loss-source-")
-        cpu_before = cpu_by_kind(server.proc.pid)
+        cpu_before = process_cpu(server.proc.pid)
         dp.click("Compare STE kinds")
         ids = [r["id"] for r in _new_runs(server, before, 4)]
         s0 = server.inspect("/state?config=0&ids=-")     # the runs have just started

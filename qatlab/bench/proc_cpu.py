@@ -3,8 +3,9 @@
 Kinds: ``server`` (the app's process), ``workers`` (its descendants: the local cluster's nannies and
 worker processes), ``renderer`` (Chromium's renderer processes: the pages' scripts, layout and
 painting) and ``browser`` (every other Chromium process: the browser itself, GPU/compositing,
-network). A process that exits inside a window takes its CPU seconds with it, so windows should
-span processes that live through them (the cluster's workers and an open page do).
+network). A process that exits inside a window takes its last CPU seconds with it (counted 0, not
+minus its lifetime: the previous page's renderer closing during a headless round did that), so
+windows should span processes that live through them (the cluster's workers and an open page do).
 """
 from __future__ import annotations
 
@@ -41,13 +42,12 @@ def _cmdline(pid: str) -> str:
         return ""
 
 
-def cpu_by_kind(server_pid: int) -> dict[str, float]:
-    """CPU seconds used so far by each of :data:`KINDS` (all 0.0 where ``/proc`` is missing)."""
-    out = dict.fromkeys(KINDS, 0.0)
+def process_cpu(server_pid: int) -> dict[int, tuple[str, float]]:
+    """``{pid: (kind, CPU seconds so far)}`` of every process of one of :data:`KINDS` ({} without ``/proc``)."""
     if not os.path.isdir("/proc"):
-        return out
-    stats = {pid: s for pid in os.listdir("/proc") if pid.isdigit() and (s := _stat(pid)) is not None}
-    parents = {int(pid): ppid for pid, (ppid, _) in stats.items()}
+        return {}
+    stats = {int(pid): s for pid in os.listdir("/proc") if pid.isdigit() and (s := _stat(pid)) is not None}
+    parents = {pid: ppid for pid, (ppid, _) in stats.items()}
 
     def under_server(pid: int) -> bool:
         while pid > 1:
@@ -56,19 +56,33 @@ def cpu_by_kind(server_pid: int) -> dict[str, float]:
                 return True
         return False
 
+    out = {}
     for pid, (_, cpu) in stats.items():
-        if int(pid) == server_pid:
-            out["server"] += cpu
-        elif under_server(int(pid)):
-            out["workers"] += cpu
+        if pid == server_pid:
+            out[pid] = "server", cpu
+        elif under_server(pid):
+            out[pid] = "workers", cpu
         else:
-            cmd = _cmdline(pid)
+            cmd = _cmdline(str(pid))
             if "chrom" in cmd.split(" ", 1)[0]:
-                out["renderer" if "--type=renderer" in cmd else "browser"] += cpu
+                out[pid] = ("renderer" if "--type=renderer" in cmd else "browser"), cpu
     return out
 
 
-def used_since(before: dict[str, float], server_pid: int) -> dict[str, float]:
-    """CPU seconds per kind used since ``before`` (a :func:`cpu_by_kind` reading)."""
-    now = cpu_by_kind(server_pid)
-    return {k: now[k] - before.get(k, 0.0) for k in KINDS}
+def cpu_by_kind(server_pid: int) -> dict[str, float]:
+    """CPU seconds used so far by each of :data:`KINDS` (all 0.0 where ``/proc`` is missing)."""
+    out = dict.fromkeys(KINDS, 0.0)
+    for kind, cpu in process_cpu(server_pid).values():
+        out[kind] += cpu
+    return out
+
+
+def used_since(before: dict[int, tuple[str, float]], server_pid: int) -> dict[str, float]:
+    """CPU seconds per kind used since ``before`` (a :func:`process_cpu` reading): what the processes
+    alive at both readings used in between, and all of what the new ones used. A process that
+    exited in between counts 0 (its last seconds are lost with it), never minus its lifetime."""
+    out = dict.fromkeys(KINDS, 0.0)
+    for pid, (kind, cpu) in process_cpu(server_pid).items():
+        then = before.get(pid)
+        out[kind] += cpu - then[1] if then is not None and then[0] == kind else cpu
+    return out

@@ -43,7 +43,7 @@ _BUSY_CHILD = ("import sys, time\nt = time.process_time()\nwhile time.process_ti
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads Linux's /proc")
 def test_cpu_by_kind_counts_the_server_and_its_descendants():
-    before = proc_cpu.cpu_by_kind(os.getpid())           # this process plays the server
+    before = proc_cpu.process_cpu(os.getpid())           # this process plays the server
     child = subprocess.Popen([sys.executable, "-c", _BUSY_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True)
     try:
@@ -57,6 +57,19 @@ def test_cpu_by_kind_counts_the_server_and_its_descendants():
         child.wait(10)
     assert set(used) == set(proc_cpu.KINDS)
     assert used["workers"] >= 0.25 and used["server"] >= 0.15
+    assert proc_cpu.cpu_by_kind(os.getpid())["server"] >= used["server"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads Linux's /proc")
+def test_a_process_that_exits_inside_the_window_counts_nothing_not_minus_its_lifetime():
+    child = subprocess.Popen([sys.executable, "-c", _BUSY_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    assert child.stdout.readline().strip() == "done"
+    before = proc_cpu.process_cpu(os.getpid())
+    assert before[child.pid][0] == "workers" and before[child.pid][1] >= 0.25
+    child.stdin.close()
+    child.wait(10)
+    assert 0.0 <= proc_cpu.used_since(before, os.getpid())["workers"] < 0.1
 
 
 def test_update_rates():
