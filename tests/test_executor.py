@@ -127,15 +127,17 @@ def test_lower_priority_applies_to_its_thread_and_the_threads_it_starts():
     import threading
 
     from qatlab.executor.cluster import lower_priority
-    mine = os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0)
-    seen = {}
+
+    def priority():
+        return os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0)     # (this thread's)
+    mine, seen = priority(), {}
 
     def child():
-        seen["child"] = os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0)
+        seen["child"] = priority()
 
     def worker_thread():
         lower_priority(3)
-        seen["own"] = os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0)
+        seen["own"] = priority()
         t = threading.Thread(target=child)
         t.start()
         t.join()
@@ -145,7 +147,7 @@ def test_lower_priority_applies_to_its_thread_and_the_threads_it_starts():
     t.join()
     want = (min(mine[0] + 3, 19), os.SCHED_BATCH)
     assert seen == {"own": want, "child": want}
-    assert (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0)) == mine
+    assert priority() == mine
 
 
 # ------------------------------------------------------------------------------- LocalCluster of 2

@@ -69,14 +69,6 @@ def process_cpu(server_pid: int) -> dict[int, tuple[str, float]]:
     return out
 
 
-def cpu_by_kind(server_pid: int) -> dict[str, float]:
-    """CPU seconds used so far by each of :data:`KINDS` (all 0.0 where ``/proc`` is missing)."""
-    out = dict.fromkeys(KINDS, 0.0)
-    for kind, cpu in process_cpu(server_pid).values():
-        out[kind] += cpu
-    return out
-
-
 def used_since(before: dict[int, tuple[str, float]], server_pid: int) -> dict[str, float]:
     """CPU seconds per kind used since ``before`` (a :func:`process_cpu` reading): what the processes
     alive at both readings used in between, and all of what the new ones used. A process that

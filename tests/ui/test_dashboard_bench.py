@@ -42,7 +42,7 @@ _BUSY_CHILD = ("import sys, time\nt = time.process_time()\nwhile time.process_ti
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads Linux's /proc")
-def test_cpu_by_kind_counts_the_server_and_its_descendants():
+def test_used_since_counts_the_server_and_its_descendants():
     before = proc_cpu.process_cpu(os.getpid())           # this process plays the server
     child = subprocess.Popen([sys.executable, "-c", _BUSY_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True)
@@ -57,7 +57,6 @@ def test_cpu_by_kind_counts_the_server_and_its_descendants():
         child.wait(10)
     assert set(used) == set(proc_cpu.KINDS)
     assert used["workers"] >= 0.25 and used["server"] >= 0.15
-    assert proc_cpu.cpu_by_kind(os.getpid())["server"] >= used["server"]
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads Linux's /proc")
