@@ -226,6 +226,10 @@ class LiveView(pn.viewable.Viewer):
             self._stale = True
             return
         self._stale = False
+        self._begin_rebuild()
+
+    def _begin_rebuild(self) -> None:
+        """Rebuild now, or in pieces from the next tick in a server session (see :meth:`request_rebuild`)."""
         self._build_id += 1
         doc = pn.state.curdoc
         if self.rebuild_steps is not None and in_server_session():
@@ -310,7 +314,7 @@ class LiveView(pn.viewable.Viewer):
 def stream_bindings(figures, rs) -> list[tuple]:
     """``(renderer, RunStream source attribute, name template)`` of every renderer of ``figures``
     drawn from one of ``rs``'s sources; the template has ``{}`` where the name has the run id."""
-    attrs = {id(getattr(rs, a)): a for a in ("loss", "train", "eval", "phases")}
+    attrs = {id(getattr(rs, a)): a for a in ("loss", "train", "eval", "phases") if getattr(rs, a) is not None}
     out = []
     for fig in figures:
         for r in fig.renderers:

@@ -135,7 +135,9 @@ class Dashboard(pn.viewable.Viewer):
                                         on_compare=self.compare_ste, on_pause=self.pause, on_resume=self.resume)
         self.config_panel.keep_alive.param.watch(self._on_keep_alive, "value")
         self.status = RunStatus()
-        shared = dict(hub=self.hub, options=self.options, lazy=True)  # hidden tabs build their figures when shown
+        # hidden tabs build their figures when shown (but the STE comparison's two overlays, built once
+        # the page has loaded: SteCompareView.prepare)
+        shared = dict(hub=self.hub, options=self.options, lazy=True)
         self.overview = RunView(**shared)
         self.ste = SteCompareView(**shared)
         self.quant = QuantView(**shared)
@@ -167,6 +169,10 @@ class Dashboard(pn.viewable.Viewer):
         if session is not None:
             pn.state.on_session_destroyed(self._on_session_destroyed)
             internals.install_render_patch(pn.state.curdoc)
+            # after the page connects: changes made before it would not reach it
+            pn.state.onload(self.ste.prepare)
+        else:
+            self.ste.prepare()
         if period and session is not None:
             self.start_streaming(period)
 

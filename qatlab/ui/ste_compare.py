@@ -21,14 +21,19 @@ from __future__ import annotations
 
 import math
 import time
+from types import SimpleNamespace
 
 import pandas as pd
 import panel as pn
 import param
+from bokeh.models import ColumnDataSource
+
+from ..metrics import EPOCH_COLUMNS
+from ..quant import SteKind
 
 from . import figures as F
-from .base import LiveView, bokeh_pane, frozen, rebind, stream_bindings
-from .streaming import n_layers_of
+from .base import LiveView, bokeh_pane, frozen, one_message, rebind, stream_bindings
+from .streaming import LOSS_COLUMNS, n_layers_of
 
 SUMMARY_COLUMNS = ["rank", "ste", "status", "test_accuracy", "test_loss", "seconds", "steps_per_second", "steps",
                    "run"]
@@ -43,8 +48,20 @@ SMALL = [("grad_norm", "Gradient norm per layer", "‖∇W‖", True),
          ("noise_mse", "Quantization noise MSE per layer", "MSE", True),
          ("sqnr_db", "SQNR per layer", "dB", False),
          ("active_grad_fraction", "Active-gradient fraction", "fraction", False)]
+SMALL_KEYS = {metric for metric, *_ in SMALL}
 PER_LAYER = {"grad_norm", "noise_mse", "sqnr_db"}
 _DASH_TEXT = {"solid": "───", "dashed": "‒ ‒", "dotted": "···", "dotdash": "·‒·", "dashdot": "‒·‒"}
+
+
+class _NoRun:
+    """What the overlays' lines of one kind draw from while no comparison is shown: empty sources
+    (the attributes :func:`~qatlab.ui.base.stream_bindings` looks for on a RunStream)."""
+
+    def __init__(self, kind: str):
+        self.run = SimpleNamespace(id=f"none-{kind}")
+        self.loss = ColumnDataSource({c: [] for c in LOSS_COLUMNS})
+        self.eval = ColumnDataSource({c: [] for c in EPOCH_COLUMNS})
+        self.train = self.phases = None
 
 
 def summary_frame(runs: dict) -> pd.DataFrame:
@@ -112,6 +129,8 @@ class SteCompareView(LiveView):
                               css_classes=["qatlab-ste-detail"], margin=(5, 10))
         self.detail.param.watch(self._on_detail, "collapsed")
         self._x_range = None
+        self._layers = None          # the layers the small multiples were built for
+        self._no_runs = {k.value: _NoRun(k.value) for k in SteKind}
         self._layout = pn.Column(self.intro, self.table, self._plots, sizing_mode="stretch_width")
         self._last_summary = None
         self._last_state = None
@@ -119,8 +138,15 @@ class SteCompareView(LiveView):
         self.param.watch(lambda e: self.request_rebuild(), "runs")
         if runs:
             self.runs = runs
-        else:
+        elif not lazy:
             self.rebuild()
+
+    @one_message
+    def prepare(self) -> None:
+        """Build the overlays, drawing from empty sources, even while the view is hidden (in pieces in
+        a server session), so that the first comparison finds them; nothing if figures exist."""
+        if not self.figures:
+            self._begin_rebuild()
 
     def rebuild_steps(self):
         """(Re)create the figures for the current comparison and plot options, yielding after building
@@ -128,31 +154,30 @@ class SteCompareView(LiveView):
         together, then, when the detail card is open, the small multiples, shown together (each
         change of the shown layout makes the browser lay out the whole page again, so not one by one;
         all six in one event-loop turn would hold up the server's loop when several sessions press
-        Compare at once). A comparison drawn like the last one reuses its figures."""
-        if not self.runs:
-            self.figures = {}
-            self._plots.objects = []
-            self.detail.objects = []
-            self.table.visible = False
-            self.intro.object = INTRO
-            return
-        streams = {str(getattr(k, "value", k)): self.hub.stream(r) for k, r in self.runs.items()}
-        first = next(iter(self.runs.values()))
-        shape = (self.x_field, self.options.log_y, n_layers_of(first.config), tuple(streams))
-        if self.figures and shape == self._shape:      # a new comparison of the same kind: same figures
-            self._show_intro(first)
+        Compare at once). Figures drawn for the same kinds and options are reused, their lines
+        pointed at the comparison's runs (or at empty sources when there is none)."""
+        first = next(iter(self.runs.values()), None)
+        streams = ({str(getattr(k, "value", k)): self.hub.stream(r) for k, r in self.runs.items()}
+                   if self.runs else self._no_runs)
+        layers = None if first is None else n_layers_of(first.config)
+        if layers != self._layers:          # small multiples of other layers (or no runs): dropped
+            self._drop_small_multiples()
+            self._layers = layers
+        shape = (self.x_field, self.options.log_y, tuple(streams))
+        if self.figures and shape == self._shape:
             if self._bound != [rs.run.id for rs in streams.values()]:   # else: the detail card opened
                 self._rebind(streams)
         else:
-            yield from self._build_overlays(streams, shape, first)
-        if not self.detail.collapsed and "grad_norm" not in self.figures:
-            yield from self._build_small_multiples(streams, shape[2])
+            yield from self._build_overlays(streams, shape)
+        if first is not None and not self.detail.collapsed and "grad_norm" not in self.figures:
+            yield from self._build_small_multiples(streams, layers)
+        self._show_intro(first)
         self._bindings = {kind: stream_bindings(self.figures.values(), rs) for kind, rs in streams.items()}
         self._bound = [rs.run.id for rs in streams.values()]
         self._last_summary = None
         self.refresh(force=True)
 
-    def _build_overlays(self, streams: dict, shape: tuple, first):
+    def _build_overlays(self, streams: dict, shape: tuple):
         """The loss and accuracy figures (overlaid kinds), shown once both are built; the small
         multiples of an earlier shape are dropped (built again when the detail card is open)."""
         x, y_log = self.x_field, self.options.log_y
@@ -171,7 +196,6 @@ class SteCompareView(LiveView):
                        label=kind)
         F.finish(acc, location="bottom_right")
         yield
-        self._show_intro(first)
         self.figures, self._shape = {"loss": loss, "accuracy": acc}, shape
         self.detail.objects = []
         self._plots.objects = [pn.Row(bokeh_pane(loss), bokeh_pane(acc), sizing_mode="stretch_width"),
@@ -204,6 +228,14 @@ class SteCompareView(LiveView):
             pn.pane.HTML(f"{legend} &nbsp;&nbsp; {dash_key}", margin=(5, 10)),
             pn.GridBox(*(bokeh_pane(small[m]) for m, *_ in SMALL), ncols=2, sizing_mode="stretch_width")]
 
+    def _drop_small_multiples(self) -> None:
+        """Forget the small multiples (built again when the detail card is open and there are runs)."""
+        gone = {id(r) for key, fig in self.figures.items() if key in SMALL_KEYS for r in fig.renderers}
+        self.figures = {key: fig for key, fig in self.figures.items() if key not in SMALL_KEYS}
+        self._bindings = {kind: [b for b in bindings if id(b[0]) not in gone]
+                          for kind, bindings in self._bindings.items()}
+        self.detail.objects = []
+
     def _on_detail(self, event) -> None:
         """Opening the detail card builds its small multiples (once per shape of comparison)."""
         if not event.new and self.runs and "grad_norm" not in self.figures:
@@ -218,6 +250,11 @@ class SteCompareView(LiveView):
         self.drop_fitter()               # the ranges fit the new data from scratch
 
     def _show_intro(self, first) -> None:
+        """The line above the table: what is compared (the intro while there is no comparison)."""
+        if first is None:
+            self.intro.object = INTRO
+            self.table.visible = False
+            return
         q = first.config.quant
         names = ", ".join(r.name for r in self.runs.values())
         self.intro.object = (f"**{len(self.runs)} STE kinds** · weights **{q.weights}**"

@@ -133,7 +133,13 @@ def test_short_run_reaches_finished(dash):
     assert run_id[:8] in alert                     # (a run is named by the first 8 characters of its id)
 
 
+FIGURE_ID_JS = "(name) => Bokeh.documents[0].get_model_by_name(name)?.id ?? null"
+
+
 def test_compare_ste_kinds_shows_four_runs(dash):
+    # the overlays are in the page before the first comparison (built once the page loaded), and the
+    # comparison draws on them instead of sending new figures
+    loss_fig = wait_for(lambda: dash.page.evaluate(FIGURE_ID_JS, "fig-ste-loss"), 10, "the prepared loss figure")
     dash.set_input("Epochs", COMPARE_EPOCHS)
     before = set(dash.source_lengths())
     dash.click("Compare STE kinds")
@@ -146,6 +152,7 @@ def test_compare_ste_kinds_shows_four_runs(dash):
     ids = sorted(k.removeprefix("loss-source-") for k in sources)
     lines = dash.model_names("ste-loss-")
     assert sorted(n.removeprefix("ste-loss-") for n in lines) == ids      # one overlaid line per kind
+    assert dash.page.evaluate(FIGURE_ID_JS, "fig-ste-loss") == loss_fig
     # the summary table catches up within its 1 s throttle: every kind shows a test accuracy
     wait_for(lambda: "–%" not in dash.text_of(".qatlab-ste-summary"), 10, "test accuracies in the summary table")
 

@@ -420,6 +420,59 @@ def test_ste_compare_view_small_multiples_and_ranking():
     assert summary_frame({}).empty
 
 
+def test_the_overlays_exist_before_a_comparison_and_the_first_one_draws_on_them(monkeypatch):
+    from bokeh.document import Document
+    from bokeh.layouts import column
+
+    none = {f"ste-loss-none-{k.value}" for k in ql.SteKind}
+    view = SteCompareView()                          # built at once (not lazy): lines on empty sources
+    figures = dict(view.figures)
+    assert sorted(figures) == ["accuracy", "loss"] and names(figures["loss"]) == none
+    assert all(len(r.data_source.data["step"]) == 0 for r in figures["loss"].renderers if r.name in none)
+    assert "Press **Compare STE kinds**" in view.intro.object and not view.table.visible
+    doc = Document()
+    doc.add_root(column(*figures.values()))
+    walks = []
+    recompute = doc.models.recompute
+    monkeypatch.setattr(doc.models, "recompute", lambda: (walks.append(1), recompute()))
+    runs = {kind: ql.LocalRun(small_config(), name=kind.value) for kind in ql.SteKind}
+    view.runs = runs
+    assert view.figures == figures and len(walks) == 1           # rebound in one walk, nothing built
+    assert names(view.figures["loss"]) == {f"ste-loss-{r.id}" for r in runs.values()}
+    assert view.table.visible
+    view.detail.collapsed = False                     # the small multiples of these runs
+    assert "grad_norm" in view.figures
+    view.runs = {}                                    # no comparison: the small multiples go, the overlays stay
+    assert view.figures == figures and names(view.figures["loss"]) == none and view.detail.objects == []
+    assert "Press **Compare STE kinds**" in view.intro.object
+    deeper = small_config()
+    deeper.model.hidden = [32, 16]
+    view.runs = {kind: ql.LocalRun(deeper, name=kind.value) for kind in ql.SteKind}   # card still open
+    assert view.figures["loss"] is figures["loss"] and len(names(view.figures["sqnr_db"])) == 12   # 3 layers x 4
+
+
+def test_a_hidden_comparison_view_builds_its_overlays_when_prepared(server_doc):
+    import asyncio
+
+    from panel.io.state import set_curdoc
+
+    view = SteCompareView(lazy=True)                 # a hidden tab builds nothing by itself
+    assert view.figures == {}
+    view.prepare()                                   # outside a server session: at once
+    loss = view.figures["loss"]
+    view.prepare()                                   # figures exist: nothing to do
+    assert view.figures["loss"] is loss
+    assert Dashboard(period=0).ste.figures          # a Dashboard outside a session prepares at once
+
+    hidden = SteCompareView(lazy=True)
+    doc, scheduled = server_doc()
+    with set_curdoc(doc):
+        hidden.prepare()                             # in a session: in pieces, from the next tick
+    assert hidden.figures == {} and len(scheduled) == 1
+    asyncio.run(scheduled[0]())
+    assert sorted(hidden.figures) == ["accuracy", "loss"]
+
+
 def test_a_second_comparison_reuses_the_figures_and_lets_go_of_the_first_runs():
     import gc
     import weakref
