@@ -103,8 +103,8 @@ GOAL_CLOSED_STOP_S = 1.0     # a closed page's runs have ended this long after i
 GOAL_RUNS_MEM_MIB = 10.0     # server RSS growth across the finished runs of the memory probe
 
 # (a) runs 1200 epochs (27.6k steps per run; about 7 s for the four headless here): long enough that
-# the page's first render of their figures, a fixed cost of about half a second of both cores, does
-# not weigh as much as the streaming. At 150 epochs (1.8 s headless once the FusedStep raised the
+# what the page does once per comparison does not weigh as much as the streaming (the first render
+# of its figures cost about half a second of both cores until they were built at page load). At 150 epochs (1.8 s headless once the FusedStep raised the
 # four runs' throughput 1.65x) that transient alone cost the ratio 7-10 points; at 400 epochs (2.2 s
 # once runs of steps in one call and the vectorised STE backward raised it 1.5x more) 69.5% was
 # measured where 1500 epochs gave 78% in the same session.
