@@ -5,7 +5,8 @@ the Param's bounds where it is typed, and only a value the config can hold is as
 the field shows why (its label and allowed range) and the config keeps its value. After every
 edit the whole config's ``validate()`` runs too; a rule it breaks shows under the field it names
 (``ModelConfig.hidden[0]: ...``) or, naming none, in the alert ``qatlab-config-error``. While
-anything is invalid, ``Start`` and ``Compare STE kinds`` are disabled and the alert lists why.
+anything is invalid, ``Start`` and ``Compare STE kinds`` are disabled and the alert lists why
+(``Compare STE kinds`` also until the page's comparison figures are built: :meth:`ConfigPanel.set_compare_ready`).
 A press of either runs its handler once: presses within :data:`DEBOUNCE_S` of it, or queued
 while it ran and the page updated (a double click), are dropped.
 
@@ -131,6 +132,7 @@ class ConfigPanel(pn.viewable.Viewer):
             if handler is not None:
                 button.on_click(self._pressed(self._debounced(handler) if once else (lambda _e, h=handler: h())))
         self.problems: list[str] = []
+        self.compare_ready = True    # False while the page's comparison figures are prepared (set_compare_ready)
         self._building = True
         self.fields: dict[str, Field] = {}
         self.rules = {}
@@ -247,11 +249,18 @@ class ConfigPanel(pn.viewable.Viewer):
         if named is not None and not named.visible:
             named.visible = True      # e.g. per_channel still on after weights left 'fake': show it to fix it
         self.problems = own + ([rule] if rule else [])
-        self.start_button.disabled = self.compare_button.disabled = bool(self.problems)
+        self.start_button.disabled = bool(self.problems)
+        self.compare_button.disabled = bool(self.problems) or not self.compare_ready
         if self.problems:
             self.error.object = "**Start is disabled until this is fixed:**\n\n" + "\n".join(
                 f"- {_md(p)}" for p in self.problems)
         self.error.visible = bool(self.problems)
+
+    def set_compare_ready(self, ready: bool) -> None:
+        """Hold ``Compare STE kinds`` disabled until ``ready`` (the Dashboard: until the comparison tab's
+        figures are in the page); it is also disabled while the config is invalid."""
+        self.compare_ready = bool(ready)
+        self.compare_button.disabled = bool(self.problems) or not self.compare_ready
 
     def _part_named(self, message: str):
         """The field a rule's message names (``ModelConfig.hidden[0]: ...``, ``phase.gradient_accumulation: ...``)."""

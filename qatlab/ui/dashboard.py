@@ -169,8 +169,11 @@ class Dashboard(pn.viewable.Viewer):
         if session is not None:
             pn.state.on_session_destroyed(self._on_session_destroyed)
             internals.install_render_patch(pn.state.curdoc)
-            # after the page connects: changes made before it would not reach it
-            pn.state.onload(self.ste.prepare)
+            # Compare waits for the comparison's figures, built once the page has connected (changes
+            # made before would not reach it): a comparison never sends figures while its runs start
+            # (on the tick after: inside onload, Panel's write queue is not in use yet)
+            doc = pn.state.curdoc
+            pn.state.onload(lambda: on_next_tick(doc, self._prepare_comparison))
         else:
             self.ste.prepare()
         if period and session is not None:
@@ -256,6 +259,15 @@ class Dashboard(pn.viewable.Viewer):
         if runs is not None:
             self.tabs.active = 1
         return runs
+
+    def _prepare_comparison(self) -> None:
+        """Build the STE comparison's figures (in pieces) with ``Compare STE kinds`` disabled meanwhile.
+        Called once the page has connected: disabled in the session's first document instead, the
+        button stayed disabled in the page after its enabling (Panel 1.9)."""
+        doc = pn.state.curdoc
+        self.config_panel.set_compare_ready(False)
+        self.ste.prepare()
+        self.ste.when_built(lambda: on_next_tick(doc, self.config_panel.set_compare_ready, True))
 
     def _show_comparison(self, runs: dict) -> None:
         self.comparison = runs

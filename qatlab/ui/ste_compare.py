@@ -112,7 +112,7 @@ class SteCompareView(LiveView):
     def __init__(self, runs: dict | None = None, hub=None, options=None, lazy: bool = False, **params):
         super().__init__(hub, options, lazy, **params)
         self.figures: dict = {}
-        self._shape = None           # what the figures were built for: (x field, log y, layers, kinds)
+        self._shape = None           # what the overlays were built for: (x field, log y, kinds)
         self._bindings: dict = {}    # {kind: stream_bindings() of the figures for that kind's run}
         self._bound: list = []       # ids of the runs the figures' lines are bound to
         self.summary = summary_frame({})

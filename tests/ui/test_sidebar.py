@@ -83,6 +83,19 @@ def _all_fields_config(architecture: str) -> ql.ExperimentConfig:
     return cfg
 
 
+def test_compare_waits_for_its_figures_and_for_a_valid_config():
+    panel = ConfigPanel(ql.ExperimentConfig())
+    panel.set_compare_ready(False)                   # the Dashboard: the comparison's figures are not in the page
+    assert panel.compare_button.disabled and not panel.start_button.disabled
+    typed(panel, "optim.lr", "0.02")                 # a valid edit does not enable it
+    assert panel.compare_button.disabled
+    typed(panel, "optim.lr", "abc")
+    panel.set_compare_ready(True)                    # ready, but the config is not
+    assert panel.compare_button.disabled and panel.start_button.disabled
+    typed(panel, "optim.lr", "0.02")
+    assert not panel.compare_button.disabled and not panel.start_button.disabled
+
+
 @pytest.mark.parametrize("architecture", ["mlp", "cnn"])
 def test_every_field_refuses_what_its_config_cannot_hold(architecture):
     """Every numeric / list field of every config the sidebar shows (new Params included)."""

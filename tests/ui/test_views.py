@@ -473,6 +473,24 @@ def test_a_hidden_comparison_view_builds_its_overlays_when_prepared(server_doc):
     assert sorted(hidden.figures) == ["accuracy", "loss"]
 
 
+def test_a_served_dashboard_enables_compare_once_the_comparison_figures_are_built(server_doc):
+    import asyncio
+
+    from panel.io.state import set_curdoc
+
+    dash = Dashboard(period=0)
+    dash.ste.figures = {}                            # as a served page has them before its onload
+    doc, scheduled = server_doc()
+    with set_curdoc(doc):
+        dash._prepare_comparison()                   # (pn.state.onload calls it once the page has connected)
+    assert len(scheduled) == 1 and dash.config_panel.compare_button.disabled
+    asyncio.run(scheduled[0]())                      # the build, in pieces; then Compare on the next tick
+    assert sorted(dash.ste.figures) == ["accuracy", "loss"] and len(scheduled) == 2
+    assert dash.config_panel.compare_button.disabled
+    scheduled[1]()
+    assert not dash.config_panel.compare_button.disabled
+
+
 def test_a_second_comparison_reuses_the_figures_and_lets_go_of_the_first_runs():
     import gc
     import weakref
