@@ -104,10 +104,11 @@ GOAL_RUNS_MEM_MIB = 10.0     # server RSS growth across the finished runs of the
 
 # (a) runs 1200 epochs (27.6k steps per run; about 7 s for the four headless here): long enough that
 # what the page does once per comparison does not weigh as much as the streaming (the first render
-# of its figures cost about half a second of both cores until they were built at page load). At 150 epochs (1.8 s headless once the FusedStep raised the
-# four runs' throughput 1.65x) that transient alone cost the ratio 7-10 points; at 400 epochs (2.2 s
-# once runs of steps in one call and the vectorised STE backward raised it 1.5x more) 69.5% was
-# measured where 1500 epochs gave 78% in the same session.
+# of its figures cost about half a second of both cores until they were built at page load). At 150
+# epochs (1.8 s headless once the FusedStep raised the four runs' throughput 1.65x) that transient
+# alone cost the ratio 7-10 points; at 400 epochs (2.2 s once runs of steps in one call and the
+# vectorised STE backward raised it 1.5x more) 69.5% was measured where 1500 epochs gave 78% in the
+# same session.
 # Five rounds, not three: a round's ratio varies by about +-4 points, and the goal is a median.
 # The warm-up trains one full-size headless comparison (discarded): the first one of the process ran
 # 1-3% slower than the later ones (allocating the logs' memory), which made round 1's ratio look

@@ -33,7 +33,7 @@ from ..quant import SteKind
 
 from . import figures as F
 from .base import LiveView, bokeh_pane, frozen, one_message, rebind, stream_bindings
-from .streaming import LOSS_COLUMNS, n_layers_of
+from .streaming import LOSS_COLUMNS, _empty, n_layers_of
 
 SUMMARY_COLUMNS = ["rank", "ste", "status", "test_accuracy", "test_loss", "seconds", "steps_per_second", "steps",
                    "run"]
@@ -59,8 +59,8 @@ class _NoRun:
 
     def __init__(self, kind: str):
         self.run = SimpleNamespace(id=f"none-{kind}")
-        self.loss = ColumnDataSource({c: [] for c in LOSS_COLUMNS})
-        self.eval = ColumnDataSource({c: [] for c in EPOCH_COLUMNS})
+        self.loss = ColumnDataSource(_empty(LOSS_COLUMNS))
+        self.eval = ColumnDataSource(_empty(EPOCH_COLUMNS))
         self.train = self.phases = None
 
 
